@@ -1,0 +1,77 @@
+"""Checks of the foundation's own promises: set-up refuses clearly, CI runs the README's test command."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _fake_python(bindir: Path, name: str, version: str) -> None:
+    """Write an executable that behaves like an old CPython for the version probe."""
+    major, minor = (int(p) for p in version.split(".")[:2])
+    script = bindir / name
+    script.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = "-c" ]; then exit $([ {minor} -ge 12 ] && [ {major} -ge 3 ] && echo 0 || echo 1); fi\n'
+        f'echo "Python {version}"\n'
+    )
+    script.chmod(0o755)
+
+
+def test_setup_refuses_without_python_312_and_says_what_to_install(tmp_path: Path) -> None:
+    """With only Python 3.11 available, set-up stops with a message naming what to install."""
+    work = tmp_path / "repo"
+    (work / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "setup-controller.sh", work / "scripts")
+    shutil.copy(REPO / "requirements.txt", work)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    _fake_python(bindir, "python3", "3.11.7")
+    for tool in ("bash", "sha256sum", "cut", "cat", "ls", "sort", "dirname", "rm"):
+        found = shutil.which(tool)
+        assert found, tool
+        (bindir / tool).symlink_to(found)
+    env = {"PATH": str(bindir), "HOME": str(tmp_path), "PYENV_ROOT": str(tmp_path / "no-pyenv")}
+    result = subprocess.run(
+        ["bash", str(work / "scripts" / "setup-controller.sh")],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "no Python >= 3.12 found" in result.stderr
+    assert "apt-get install -y python3 python3-venv" in result.stderr
+    assert not (work / ".venv").exists(), "nothing may be created when set-up refuses"
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    """.ci/run must call the very command the README tells people to run for the tests."""
+    readme = (REPO / "README.md").read_text()
+    match = re.search(r"^\s*(make test)\s*$", readme, re.MULTILINE)
+    assert match, "README must show `make test` as the test command"
+    ci = (REPO / ".ci" / "run").read_text()
+    assert re.search(r"^make test$", ci, re.MULTILINE)
+    assert "ensure-docker.sh" in ci
+
+
+def test_make_test_covers_every_molecule_scenario_on_disk() -> None:
+    """A scenario added under molecule/ but left out of `make test` would silently never run in CI."""
+    makefile = (REPO / "Makefile").read_text()
+    listed = re.search(r"^MOLECULE_SCENARIOS \?= (.+)$", makefile, re.MULTILINE)
+    assert listed
+    on_disk = {p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")}
+    assert on_disk, "no molecule scenarios found"
+    assert on_disk <= set(listed.group(1).split()), on_disk - set(listed.group(1).split())
+
+
+@pytest.mark.parametrize("script", sorted((REPO / "scripts").glob("*.sh")) + [REPO / ".ci" / "run"])
+def test_shell_scripts_parse(script: Path) -> None:
+    """Every shell script at least parses (bash -n) and is executable."""
+    assert os.access(script, os.X_OK), f"{script} is not executable"
+    subprocess.run(["bash", "-n", str(script)], check=True)
