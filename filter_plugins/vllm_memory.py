@@ -570,6 +570,7 @@ class Backend:
     min_kernel_block: int      # smallest kernel block (hybrid alignment)
     supported: bool            # runs this KV dtype on this GPU + vLLM version
     message: str               # why not, with the version that adds it
+    explicit_ok: bool = True   # accepts the dtype's name on the command line (CPU_ATTN wants `auto`)
 
 
 def _kernel_sizes(spec: Any) -> tuple[int, int]:
@@ -596,10 +597,13 @@ def attention_backend(mla: bool, kv_dtype: str, compute_capability: Any = None, 
     if device == "cpu":
         cpu = data.get("cpu") or {}
         block = int(cpu.get("mla_block_size", 16) if mla else cpu.get("full_block_size", 128))
-        since = _dtype_since(cpu.get("kv_cache_dtypes") or {}, kv_dtype)
+        name = "CPU_MLA" if mla else "CPU_ATTN"
+        if not mla and kv_dtype in ("bfloat16", "float16"):
+            return Backend(name, block, 32, True, "", explicit_ok=False)
+        since = _dtype_since(cpu.get("mla_kv_cache_dtypes" if mla else "kv_cache_dtypes") or {}, kv_dtype)
         ok = since is not None and _version_tuple(since) <= version
-        return Backend("CPU_MLA" if mla else "CPU_ATTN", block, 16 if mla else 32, ok,
-                       "" if ok else f"the CPU backend does not support {kv_dtype} KV cache")
+        return Backend(name, block, 16 if mla else 32, ok,
+                       "" if ok else f"{name} (vLLM's CPU backend) does not support {kv_dtype} KV cache")
     cc = _cc_tuple(compute_capability)
     if not mla:
         full = data.get("full") or {}
@@ -1437,7 +1441,7 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
     args += ["--max-model-len", str(chosen_len)]
     if device == "cuda":
         args += ["--gpu-memory-utilization", f"{util:g}"]
-    args += ["--kv-cache-dtype", kv_dtype]
+    args += ["--kv-cache-dtype", _kv_dtype_arg(kv_dtype, shape, ckpt_kv, version, rel, cc, device, notes)]
     if not _is_auto(block_size):
         args += ["--block-size", str(layout.block_size)]
     environment: dict[str, str] = {}
@@ -1476,6 +1480,22 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
                "groups": len(layout.groups), "max_num_batched_tokens": mnbt},
         "checks": checks, "reasons": reasons, "advice": advice, "notes": notes,
     }
+
+
+def _kv_dtype_arg(kv_dtype: str, shape: ModelShape, ckpt_kv: str | None, version: str, rel: dict, cc: Any,
+                  device: str, notes: list[str]) -> str:
+    """The --kv-cache-dtype value: `auto` when it means the same, else the explicit name vLLM accepts."""
+    auto_means = ckpt_kv if (ckpt_kv and _rule(rel, "kv_cache_dtype_auto_uses_checkpoint", version, True)) \
+        else shape.dtype
+    if kv_dtype == auto_means and kv_dtype == shape.dtype:
+        return "auto"
+    backend = attention_backend(shape.mla, kv_dtype, cc, device, version, rel)
+    if not backend.explicit_ok:
+        notes.append(f"{backend.name} takes the model dtype only as --kv-cache-dtype auto: the checkpoint's "
+                     f"{ckpt_kv} KV setting must be removed from its config (the model_config role does this "
+                     f"when checkpoint_kv_cache_dtype_supported is false)")
+        return "auto"
+    return kv_dtype
 
 
 def _kv_sentence(shape: ModelShape, layout: KVLayout, kv_dtype: str, tp: int, dcp: int) -> str:

@@ -1,0 +1,280 @@
+"""KV cache maths (vLLM 0.33 rules): bytes per token, blocks, groups, null block, token counts."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "filter_plugins"))
+
+import sizing_groundtruth as gt  # noqa: E402
+import vllm_memory as vm  # noqa: E402
+
+GiB = 1 << 30
+RELEASES = gt.load_releases()
+CASES = {c["id"]: c for c in gt.load_cases()}
+
+# The locally generated test models (tests/fixtures/tiny_models.py), KV-relevant fields as written there.
+TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
+              "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 32, "vocab_size": 2048, "max_position_embeddings": 4096}
+TINY_DSV3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16",
+             "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
+             "q_lora_rank": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
+             "v_head_dim": 128, "n_routed_experts": 4, "num_experts_per_tok": 2, "vocab_size": 2048,
+             "max_position_embeddings": 4096}
+TINY_DSV3_FP8KV = dict(TINY_DSV3, quantization_config={
+    "quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_scheme": {"dynamic": False, "num_bits": 8,
+                                                                          "type": "float"}})
+KIMI_TEXT = {"model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 64,
+             "num_key_value_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+             "qk_nope_head_dim": 128, "v_head_dim": 128, "num_experts_per_tok": 8, "vocab_size": 163840,
+             "max_position_embeddings": 262144, "dtype": "bfloat16"}
+KIMI = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": KIMI_TEXT}
+
+
+def kw(**extra):
+    return dict(releases=RELEASES, **extra)
+
+
+# --- exact CPU cases (held against vLLM's "CPU KV cache size: N tokens") ----------------------------------
+def test_tiny_llama_cpu_one_gib_is_2097152_tokens():
+    layout = vm.kv_layout(TINY_LLAMA, device="cpu", releases=RELEASES)
+    assert layout.bytes_per_token == 512          # 2 layers x 2 KV heads x 32 x 2 (K,V) x 2 B
+    assert layout.block_size == 128               # CPU_ATTN's preferred block
+    assert vm.vllm_kv_cache_tokens(TINY_LLAMA, GiB, 4096, device="cpu", **kw()) == 2_097_152
+
+
+def test_tiny_deepseek_v3_cpu_one_gib_is_466032_tokens():
+    layout = vm.kv_layout(TINY_DSV3, device="cpu", releases=RELEASES)
+    assert layout.bytes_per_token == 2304         # (512 + 64) x 2 layers x 2 B
+    assert layout.block_size == 16                # the reference CPU MLA kernel
+    assert vm.vllm_kv_cache_tokens(TINY_DSV3, GiB, 4096, device="cpu", **kw()) == 466_032
+
+
+def test_cpu_plans_match_the_logged_token_counts():
+    for config, tokens in ((TINY_LLAMA, 2_097_152), (TINY_DSV3, 466_032)):
+        plan = vm.vllm_memory_plan(config, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1,
+                                   checkpoint_bytes=1000, releases=RELEASES)
+        assert plan["fits"] and plan["device"] == "cpu"
+        assert plan["kv"]["tokens"] == tokens
+        assert plan["max_model_len"] == 4096
+        assert plan["environment"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+        assert "--gpu-memory-utilization" not in plan["vllm_args"]
+
+
+def test_cpu_mla_cannot_run_the_checkpoints_fp8_kv():
+    plan = vm.vllm_memory_plan(TINY_DSV3_FP8KV, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1,
+                               releases=RELEASES)
+    assert plan["checkpoint_kv_cache_dtype"] == "fp8_e4m3"
+    assert plan["checkpoint_kv_cache_dtype_supported"] is False
+    assert plan["kv_cache_dtype"] == "bfloat16" and plan["kv"]["tokens"] == 466_032
+    assert plan["vllm_args"][-2:] == ["--kv-cache-dtype", "bfloat16"]   # 'auto' would mean fp8 and fail
+
+
+# --- bytes per token: GQA, replication, MLA, DCP, fp8 -----------------------------------------------------
+def test_gqa_kv_heads_replicate_when_tp_exceeds_them():
+    qwen = CASES["vllm-21348"]["config"]           # 94 layers, 4 KV heads x 128
+    per_tp = {tp: vm.kv_layout(qwen, tensor_parallel_size=tp, releases=RELEASES).bytes_per_token
+              for tp in (1, 2, 4, 8)}
+    assert per_tp == {1: 192512, 2: 96256, 4: 48128, 8: 48128}   # TP8: one (replicated) head per rank
+
+
+def test_mla_latent_cache_is_replicated_on_every_tp_rank_and_split_by_dcp():
+    one = vm.vllm_kv_cache_bytes(KIMI, 262144, tensor_parallel_size=1, kv_cache_dtype="bfloat16", **kw())
+    eight = vm.vllm_kv_cache_bytes(KIMI, 262144, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
+    dcp8 = vm.vllm_kv_cache_bytes(KIMI, 262144, tensor_parallel_size=8, decode_context_parallel_size=8,
+                                  kv_cache_dtype="bfloat16", **kw())
+    assert one == eight == 262144 * 70272
+    assert dcp8 == eight // 8
+
+
+def test_fp8_halves_the_kv_cache():
+    bf16 = vm.vllm_kv_cache_bytes(KIMI, 131072, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
+    fp8 = vm.vllm_kv_cache_bytes(KIMI, 131072, tensor_parallel_size=8, kv_cache_dtype="fp8", **kw())
+    assert fp8 * 2 == bf16 and round(fp8 / GiB, 2) == 4.29
+
+
+# --- `auto` and the checkpoint's ModelOpt KV setting -----------------------------------------------------
+@pytest.mark.parametrize("config,quant,expected", [
+    (TINY_DSV3, {"kv_cache_quant_algo": "FP8"}, "fp8_e4m3"),                         # catalog `quant`
+    (TINY_DSV3, {"producer": {"name": "modelopt"}, "quantization": {"kv_cache_quant_algo": "FP8"}}, "fp8_e4m3"),
+    (TINY_DSV3_FP8KV, None, "fp8_e4m3"),                                             # config.json flat form
+    (dict(TINY_DSV3, quantization_config={"quant_method": "modelopt", "kv_cache_scheme": {
+        "dynamic": True, "num_bits": 8, "type": "float"}}), None, "bfloat16"),        # dynamic: not recognised
+    (dict(TINY_DSV3, quantization_config={"quant_method": "compressed-tensors", "kv_cache_scheme": {
+        "dynamic": False, "num_bits": 8, "type": "float"}}), None, "bfloat16"),       # only ModelOpt counts
+    (TINY_LLAMA, {"quantization": {"kv_cache_quant_algo": "NVFP4"}}, "nvfp4"),
+    (TINY_LLAMA, {"kv_cache_quant_algo": None}, "bfloat16"),
+])
+def test_auto_resolves_to_the_checkpoint_kv_setting(config, quant, expected):
+    assert vm.resolve_kv_cache_dtype(config, "auto", quant, "0.33.0", RELEASES) == expected
+
+
+def test_auto_is_the_model_dtype_before_0_14():
+    assert vm.resolve_kv_cache_dtype(TINY_DSV3_FP8KV, "auto", None, "0.13.0", RELEASES) == "bfloat16"
+    assert vm.resolve_kv_cache_dtype(TINY_DSV3_FP8KV, "bfloat16", None, "0.33.0", RELEASES) == "bfloat16"
+
+
+# --- backends and block sizes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("cc,dtype,version,backend,block,supported", [
+    ("12.0", "bfloat16", "0.33.0", "TRITON_MLA", 16, True),
+    ("12.0", "fp8_e4m3", "0.33.0", "TRITON_MLA", 16, True),
+    ("12.0", "fp8_e4m3", "0.17.0", "TRITON_MLA", 16, False),
+    ("9.0", "bfloat16", "0.33.0", "FLASH_ATTN_MLA", 16, True),
+    ("9.0", "fp8_e4m3", "0.33.0", "FLASHMLA", 64, True),
+    ("10.0", "bfloat16", "0.33.0", "FLASHINFER_MLA", 32, True),
+    ("8.0", "fp8_e4m3", "0.33.0", "TRITON_MLA", 16, False),        # TRITON_MLA fp8 needs SM89+
+])
+def test_mla_backend_choice(cc, dtype, version, backend, block, supported):
+    got = vm.attention_backend(True, dtype, cc, "cuda", version, RELEASES)
+    assert (got.name, got.block_size, got.supported) == (backend, block, supported)
+
+
+def test_backend_block_size_reaches_the_kv_layout():
+    layout = vm.kv_layout(KIMI, tensor_parallel_size=8, kv_cache_dtype="fp8", compute_capability="9.0",
+                          releases=RELEASES)
+    assert layout.block_size == 64 and layout.backend.name == "FLASHMLA"
+    assert vm.kv_layout(TINY_LLAMA, block_size=32, releases=RELEASES).block_size == 32
+
+
+def test_fp8_support_since():
+    assert vm.fp8_support_since(True, "12.0", RELEASES) == "0.18.0"
+    assert vm.fp8_support_since(True, "9.0", RELEASES) == "0.0.0"
+
+
+# --- the null block and the binary search ---------------------------------------------------------------
+def test_null_block_is_held_back_by_the_estimate():
+    length = 131072
+    need = vm.vllm_kv_cache_bytes(KIMI, length, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
+    block = 16 * 70272
+    at_need = vm.vllm_max_model_len(KIMI, need, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
+    with_null = vm.vllm_max_model_len(KIMI, need + block, tensor_parallel_size=8, kv_cache_dtype="bfloat16",
+                                      **kw())
+    assert at_need == length - 16 and with_null == length
+    assert vm.vllm_max_model_len(KIMI, block, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw()) == 0
+
+
+def test_estimate_is_capped_at_the_model_maximum_or_the_given_length():
+    assert vm.vllm_max_model_len(TINY_LLAMA, 10 * GiB, **kw()) == 4096
+    assert vm.vllm_max_model_len(TINY_LLAMA, 10 * GiB, max_model_len=2048, **kw()) == 2048
+
+
+def test_qwen38_prediction_differs_from_the_null_block_rule_by_exactly_one_block():
+    case = CASES["qwen38-rtx3090-39"]
+    layout = vm.kv_layout(case["config"], releases=RELEASES)
+    available = int(case["expect"]["available_kv_gib"] * GiB)
+    ours = layout.estimate_max_model_len(available, 65536)
+    without_null = layout.estimate_max_model_len(available + layout.bytes_per_block(0), 65536)
+    assert layout.block_size == 784
+    assert without_null == case["v0_33_prediction"]["estimated_max_model_len"][1] == 20384
+    assert ours == without_null - 784
+
+
+# --- sliding window, chunked local, hybrid, pipeline stages ----------------------------------------------
+def test_sliding_window_holds_in_flight_tokens():
+    oss = CASES["vllm-27508"]["config"]
+    small = vm.vllm_kv_cache_bytes(oss, 131072, max_num_batched_tokens=1024, **kw())
+    large = vm.vllm_kv_cache_bytes(oss, 131072, max_num_batched_tokens=8192, **kw())
+    page_group = 18 * 16 * 2048                     # 18 layers per group x block 16 x 2,048 B/token/layer
+    assert small == page_group * (8192 + 137)       # cdiv(127 + 2 x 1024, 16) + 1 = 137
+    assert large == page_group * (8192 + 1033)
+    # short contexts: the window is capped by max_model_len
+    assert vm.vllm_kv_cache_bytes(oss, 64, **kw()) == page_group * (4 + 5)
+
+
+def test_chunked_local_attention_is_charged_as_full_by_default():
+    scout = CASES["vllm-19407"]["config"]
+    full = vm.vllm_kv_cache_bytes(scout, 10485760, tensor_parallel_size=8, **kw())
+    assert full == 10485760 * 48 * 512
+    hybrid_on = copy.deepcopy(RELEASES)
+    hybrid_on["chunked_local_disables_hybrid_manager"] = [{"since": "0.0.0", "value": False}]
+    capped = vm.vllm_kv_cache_bytes(scout, 10485760, tensor_parallel_size=8, releases=hybrid_on)
+    assert capped < full / 3                         # 36 chunked layers capped at 8192 + in-flight tokens
+
+
+def test_hybrid_gdn_page_unification_and_align_mode():
+    case = CASES["club3090-652"]
+    layout = vm.kv_layout(case["config"], kv_cache_dtype="fp8", releases=RELEASES)
+    assert layout.block_size == 2096 and len(layout.groups) == 4
+    assert layout.blocks_per_request(131072) == 63 + 3 * 2          # attention + 3 GDN groups x 2 (align)
+    none_mode = vm.kv_layout(case["config"], kv_cache_dtype="fp8", mamba_cache_mode="none", releases=RELEASES)
+    assert none_mode.blocks_per_request(131072) == 63 + 3
+
+
+def test_kimi_linear_under_0_33_rules():
+    layout = vm.kv_layout(CASES["vllm-28228"]["config"], tensor_parallel_size=2, releases=RELEASES)
+    assert layout.block_size == 1024                  # hybrid MLA blocks are multiples of 128 in 0.33
+    assert sorted(len(g) for g in layout.groups) == [6, 7, 7, 7]   # 20 KDA -> 7,7,6 + 7 MLA
+    assert layout.blocks_per_request(120000) == 118 + 3 * 2
+
+
+def test_pipeline_stages_follow_vllm_partitioning():
+    assert [len(s) for s in vm.pp_stages(92, 8)] == [11, 11, 11, 12, 12, 12, 12, 11]
+    assert [len(s) for s in vm.pp_stages(48, 2, "16,32")] == [16, 32]
+    glm = CASES["vllm-32105"]["config"]
+    worst = vm.vllm_kv_cache_bytes(glm, 202752, pipeline_parallel_size=8, **kw())
+    stage0 = vm.vllm_kv_cache_bytes(glm, 202752, pipeline_parallel_size=8, pp_rank=0, **kw())
+    assert worst == 12 * 202752 * 4096 and stage0 == 11 * 202752 * 4096
+    with pytest.raises(ValueError, match="sums to"):
+        vm.pp_stages(48, 2, [16, 16])
+    with pytest.raises(ValueError, match="entries"):
+        vm.pp_stages(48, 2, [48])
+
+
+# --- token formula per version, rope scaling ------------------------------------------------------------
+def test_token_formula_changes_at_0_21():
+    oss = CASES["hf-mem-60"]["config"]
+    avail = int(5.38 * GiB)
+    old = vm.vllm_kv_cache_tokens(oss, avail, 131072, kv_cache_dtype="bfloat16", vllm_version="0.20.0",
+                                  max_num_batched_tokens=8192, **kw())
+    new = vm.vllm_kv_cache_tokens(oss, avail, 131072, kv_cache_dtype="bfloat16", vllm_version="0.33.0",
+                                  max_num_batched_tokens=8192, **kw())
+    assert old == 9793 // 2 * 16 and new == int(9793 / (8192 + 1033) * 131072)
+
+
+def test_rope_factor_scales_the_model_maximum_unless_prescaled():
+    linear = dict(TINY_LLAMA, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    yarn = dict(TINY_LLAMA, rope_scaling={"type": "yarn", "factor": 4.0})
+    assert vm.model_shape(linear).max_len == 16384 and vm.model_shape(yarn).max_len == 4096
+
+
+# --- errors name the problem and the valid choices -------------------------------------------------------
+def test_tp_that_does_not_divide_the_heads_is_refused():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 3 .*valid choices: 1, 2, 4"):
+        vm.vllm_kv_cache_bytes(TINY_LLAMA, 4096, tensor_parallel_size=3, **kw())
+
+
+def test_missing_config_fields_are_named():
+    broken = {k: v for k, v in TINY_LLAMA.items() if k != "num_hidden_layers"}
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        vm.vllm_kv_cache_bytes(broken, 4096, **kw())
+    no_len = {k: v for k, v in TINY_LLAMA.items() if k != "max_position_embeddings"}
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        vm.vllm_max_model_len(no_len, GiB, **kw())
+    no_mla_rope = {k: v for k, v in TINY_DSV3.items() if k != "qk_rope_head_dim"}
+    with pytest.raises(ValueError, match="qk_rope_head_dim"):
+        vm.vllm_kv_cache_bytes(no_mla_rope, 4096, **kw())
+
+
+def test_invalid_dcp_and_dtype_are_refused():
+    with pytest.raises(ValueError, match=r"needs tensor_parallel_size \(2\) > the model's 2 KV heads"):
+        vm.vllm_kv_cache_bytes(TINY_LLAMA, 4096, tensor_parallel_size=2, decode_context_parallel_size=2, **kw())
+    with pytest.raises(ValueError, match="must divide tensor_parallel_size"):
+        vm.vllm_kv_cache_bytes(KIMI, 4096, tensor_parallel_size=8, decode_context_parallel_size=3, **kw())
+    with pytest.raises(ValueError, match="choose one of"):
+        vm.vllm_kv_cache_bytes(TINY_LLAMA, 4096, kv_cache_dtype="int3", **kw())
+
+
+def test_filters_are_exposed_to_ansible():
+    import vllm_sizing
+
+    filters = vllm_sizing.FilterModule().filters()
+    assert set(filters) == {"vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_kv_cache_tokens",
+                            "vllm_memory_plan"}
+    assert filters["vllm_kv_cache_bytes"](TINY_LLAMA, 4096) == 4096 * 512
+    with pytest.raises(Exception, match="vllm_kv_cache_bytes: tensor_parallel_size 3"):
+        filters["vllm_kv_cache_bytes"](TINY_LLAMA, 4096, tensor_parallel_size=3)
