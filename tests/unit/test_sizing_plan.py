@@ -1,0 +1,202 @@
+"""vllm_memory_plan: the deployment story, knob policies, the plan contract and its error paths."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "filter_plugins"))
+
+import sizing_groundtruth as gt  # noqa: E402
+import vllm_memory as vm  # noqa: E402
+from test_sizing_kv import KIMI, TINY_LLAMA  # noqa: E402
+
+GiB = 1 << 30
+MiB = 1 << 20
+RELEASES = gt.load_releases()
+RTX_PRO_6000 = {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_mib": 97887,
+                "compute_capability": "12.0"}
+STORY = dict(gpu=RTX_PRO_6000, gpu_count=8, checkpoint_bytes=591_000_000_000,
+             quant={"kv_cache_quant_algo": "FP8"}, releases=RELEASES, model_key="kimi-k2.5-nvfp4",
+             repo="nvidia/Kimi-K2.5-NVFP4", gpu_key="rtx-pro-6000-blackwell")
+CONTRACT_KEYS = {"fits", "model", "repo", "served_model_name", "gpu", "gpu_count", "device", "vllm_version",
+                 "vllm_variant", "attention", "checkpoint_kv_cache_dtype", "checkpoint_kv_cache_dtype_supported",
+                 "tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size",
+                 "kv_cache_dtype", "gpu_memory_utilization", "max_model_len", "model_max_model_len",
+                 "safe_max_model_len", "vllm_args", "environment", "per_gpu", "kv", "checks", "reasons", "advice"}
+PER_GPU_KEYS = {"total_bytes", "requested_bytes", "weights_bytes", "activation_peak_bytes", "cudagraph_bytes",
+                "non_torch_bytes", "kv_cache_bytes", "headroom_bytes"}
+KV_KEYS = {"bytes_per_token", "block_size", "needed_bytes", "available_bytes", "tokens", "max_concurrency"}
+
+
+def plan(config=KIMI, **overrides):
+    return vm.vllm_memory_plan(config, **dict(STORY, **overrides))
+
+
+def check(p, knob):
+    return next(c for c in p["checks"] if c["knob"] == knob)
+
+
+# --- the story ---------------------------------------------------------------------------------------------
+def test_story_262144_bf16_does_not_fit_and_says_why_fast():
+    start = time.perf_counter()
+    p = plan(kv_cache_dtype="bfloat16", max_model_len=262144, gpu_memory_utilization=0.95)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 1.0
+    assert p["fits"] is False
+    assert (p["tensor_parallel_size"], p["kv_cache_dtype"], p["attention"]) == (8, "bfloat16", "mla")
+    message = check(p, "max_model_len")["message"]
+    assert check(p, "max_model_len")["fits"] is False
+    assert "bf16 KV needs 17.16 GiB per GPU for 262,144 tokens" in message
+    assert "fp8 KV (supported on SM120 from vLLM 0.18.0)" in message
+    assert "lower max-model-len to 131,072" in message
+    assert p["safe_max_model_len"] >= 131072
+    assert any("--decode-context-parallel-size" in a for a in p["advice"])
+
+
+def test_story_131072_fits_at_0_95():
+    p = plan(kv_cache_dtype="bfloat16", max_model_len=131072, gpu_memory_utilization=0.95)
+    assert p["fits"] is True
+    assert p["vllm_args"] == ["--tensor-parallel-size", "8", "--max-model-len", "131072",
+                              "--gpu-memory-utilization", "0.95", "--kv-cache-dtype", "bfloat16"]
+
+
+def test_story_without_a_length_recommends_a_safe_one():
+    p = plan(kv_cache_dtype="bfloat16", gpu_memory_utilization=0.95)
+    assert p["fits"] is True
+    assert 131072 <= p["max_model_len"] <= p["safe_max_model_len"] < 262144
+    assert p["kv"]["needed_bytes"] + p["kv"]["bytes_per_block"] <= p["kv"]["available_bytes"]
+
+
+def test_story_auto_kv_on_0_33_is_fp8_and_262144_fits():
+    p = plan()
+    assert p["checkpoint_kv_cache_dtype"] == "fp8_e4m3" and p["checkpoint_kv_cache_dtype_supported"] is True
+    assert p["kv_cache_dtype"] == "fp8_e4m3"
+    assert p["max_model_len"] == 262144 and p["fits"] is True
+    assert round(p["kv"]["needed_bytes"] / GiB, 2) == 8.58
+
+
+def test_story_auto_kv_on_0_17_falls_back_to_bf16_explicitly():
+    p = plan(vllm_version="0.17.0")
+    assert p["checkpoint_kv_cache_dtype"] == "fp8_e4m3"
+    assert p["checkpoint_kv_cache_dtype_supported"] is False
+    assert p["kv_cache_dtype"] == "bfloat16"
+    assert p["vllm_args"][-2:] == ["--kv-cache-dtype", "bfloat16"]
+    assert any(">= 0.18.0" in a for a in p["advice"])
+    with pytest.raises(ValueError, match=r"fp8.*0\.18\.0.*Valid choices .*bfloat16"):
+        plan(vllm_version="0.17.0", kv_cache_dtype="fp8")
+
+
+def test_weights_estimate_is_calibrated_on_the_story():
+    """vLLM reported 70.81 GiB per GPU; the estimate must be within 1 % and not below (conservative)."""
+    p = plan(kv_cache_dtype="bfloat16", max_model_len=131072, gpu_memory_utilization=0.95)
+    weights = p["per_gpu"]["weights_bytes"] / GiB
+    assert 70.81 <= weights <= 70.81 * 1.01
+
+
+def test_story_overhead_sits_inside_the_bracket_the_report_allows():
+    """20.0 GiB after weights at 0.95: 131,072 fits (needs 8.58) and 262,144 does not (17.16)."""
+    p = plan(kv_cache_dtype="bfloat16", max_model_len=131072, gpu_memory_utilization=0.95)
+    g = p["per_gpu"]
+    overhead = (g["activation_peak_bytes"] + g["cudagraph_bytes"]) / GiB
+    assert 20.0 - 17.16 < overhead < 20.0 - 8.58
+
+
+# --- knob policies -----------------------------------------------------------------------------------------
+def test_auto_utilization_is_raised_only_as_far_as_needed():
+    p = plan(kv_cache_dtype="bfloat16", max_model_len=150000)
+    assert p["fits"] and 0.92 < p["gpu_memory_utilization"] <= 0.95
+    q = plan(kv_cache_dtype="bfloat16", max_model_len=65536)
+    assert q["gpu_memory_utilization"] == 0.92
+    assert plan(vllm_version="0.19.0", kv_cache_dtype="fp8", max_model_len=65536)["gpu_memory_utilization"] == 0.9
+
+
+def test_too_high_utilization_leaves_no_room_for_the_cuda_context():
+    p = plan(kv_cache_dtype="bfloat16", max_model_len=65536, gpu_memory_utilization=0.99)
+    assert p["fits"] is False and check(p, "gpu_memory_utilization")["fits"] is False
+    assert any("Lower --gpu-memory-utilization" in a for a in p["advice"])
+
+
+def test_cuda_graphs_come_out_of_the_kv_budget_from_0_20():
+    new = plan(kv_cache_dtype="bfloat16", max_model_len=65536, gpu_memory_utilization=0.95)
+    old = plan(kv_cache_dtype="bfloat16", max_model_len=65536, gpu_memory_utilization=0.95, vllm_version="0.19.0")
+    graphs = new["per_gpu"]["cudagraph_bytes"]
+    assert old["kv"]["available_bytes"] - new["kv"]["available_bytes"] == graphs
+    assert new["per_gpu"]["headroom_bytes"] - old["per_gpu"]["headroom_bytes"] == graphs
+
+
+def test_tp_auto_uses_the_largest_valid_size():
+    assert plan(gpu_count=8)["tensor_parallel_size"] == 8
+    forty_heads = dict(TINY_LLAMA, num_attention_heads=40, num_key_value_heads=8, head_dim=128,
+                       hidden_size=5120, num_hidden_layers=40)
+    p = vm.vllm_memory_plan(forty_heads, gpu=RTX_PRO_6000, gpu_count=6, checkpoint_bytes=30 * 10**9,
+                            releases=RELEASES)
+    assert p["tensor_parallel_size"] == 4      # 6 does not divide 8 KV heads / 40 heads; 5 does not divide 8
+
+
+def test_tp_that_does_not_divide_the_heads_is_refused():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size 3 .*valid choices"):
+        plan(tensor_parallel_size=3)
+    with pytest.raises(ValueError, match="needs 16 GPUs; gpu_count is 8"):
+        plan(tensor_parallel_size=16)
+
+
+def test_gpu_too_small_for_the_weights():
+    with pytest.raises(ValueError, match=r"GPU too small for the weights.*tensor_parallel_size >= 8"):
+        plan(gpu_count=4)
+    rtx5090 = {"memory_mib": 32607, "compute_capability": "12.0"}
+    with pytest.raises(ValueError, match="GPU too small"):
+        plan(gpu=rtx5090, gpu_count=1)
+
+
+def test_missing_inputs_are_named():
+    with pytest.raises(ValueError, match="gpu_memory_bytes"):
+        vm.vllm_memory_plan(KIMI, gpu={"compute_capability": "12.0"}, gpu_count=8, checkpoint_bytes=1,
+                            releases=RELEASES)
+    with pytest.raises(ValueError, match="checkpoint_bytes"):
+        plan(checkpoint_bytes=None)
+    with pytest.raises(ValueError, match="gpu_count must be a number"):
+        plan(gpu_count="auto")
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization 1.5 is out of range"):
+        plan(gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="cpu_kv_cache_space_gib"):
+        vm.vllm_memory_plan(TINY_LLAMA, gpu={"kind": "cpu"}, releases=RELEASES)
+
+
+def test_length_above_the_model_maximum_does_not_fit():
+    p = plan(kv_cache_dtype="fp8", max_model_len=300000)
+    assert p["fits"] is False and "exceeds the model's maximum 262,144" in check(p, "max_model_len")["message"]
+
+
+def test_ansible_strings_are_accepted():
+    p = plan(tensor_parallel_size="8", gpu_memory_utilization="0.95", max_model_len="131072",
+             kv_cache_dtype="bfloat16", gpu_count="8")
+    assert p["fits"] and p["max_model_len"] == 131072 and p["gpu_memory_utilization"] == 0.95
+
+
+# --- the contract ------------------------------------------------------------------------------------------
+def test_plan_follows_the_house_contract_and_is_json():
+    p = plan()
+    assert CONTRACT_KEYS <= set(p)
+    assert PER_GPU_KEYS == set(p["per_gpu"])
+    assert KV_KEYS <= set(p["kv"])
+    assert {c["knob"] for c in p["checks"]} == {"tensor_parallel_size", "pipeline_parallel_size",
+                                                "decode_context_parallel_size", "kv_cache_dtype",
+                                                "gpu_memory_utilization", "max_model_len"}
+    assert all(set(c) == {"knob", "requested", "chosen", "fits", "message"} for c in p["checks"])
+    assert json.loads(json.dumps(p)) == p
+    assert p["per_gpu"]["total_bytes"] == 97887 * MiB
+    assert p["per_gpu"]["requested_bytes"] == -(-97887 * MiB * 92 // 100)
+
+
+def test_plan_from_the_filter_wrapper():
+    import vllm_sizing
+
+    memory_plan = vllm_sizing.FilterModule().filters()["vllm_memory_plan"]
+    assert memory_plan(KIMI, **STORY)["max_model_len"] == 262144
+    with pytest.raises(Exception, match="vllm_memory_plan: GPU too small"):
+        memory_plan(KIMI, **dict(STORY, gpu_count=2))
