@@ -1,35 +1,46 @@
 """vLLM memory sizing maths (pure Python, no Ansible import), following vLLM 0.33 rules.
 
-Public functions (also exposed as Ansible filters by ``filter_plugins/vllm_sizing.py``)
+Everything a plan needs BEFORE the model is downloaded: from config.json, the checkpoint size, the GPUs and
+the vLLM version. The KV arithmetic is vLLM 0.33's own logic, re-implemented (kv_cache_interface.py specs,
+kv_cache_planning.py grouping / page unification / null block / binary search, kv_cache_utils.py token
+count, platform block-size rules); the non-KV memory (activations, CUDA graphs, driver) is a calibrated,
+conservative estimate (CALIBRATION below). Version-dependent knowledge comes from data:
+group_vars/all/vllm_releases.yml (``vllm_node_vllm_releases``); when ``releases`` is not passed the file is
+loaded from the repository.
+
+Public functions (exposed as Ansible filters by ``filter_plugins/vllm_sizing.py``)
 -------------------------------------------------------------------------------------
-``config`` is the parsed ``config.json`` as shipped (multimodal checkpoints keep the text
-model under ``text_config``; it is unwrapped here).  Common keyword arguments of all four:
+``config`` is the parsed ``config.json`` as shipped (multimodal checkpoints keep the text model under
+``text_config``; it is unwrapped here). Common keyword arguments of the three KV filters:
 
     tensor_parallel_size=1, pipeline_parallel_size=1, decode_context_parallel_size=1,
     kv_cache_dtype='auto', block_size=None,
     # extras (all optional):
     quant=None,                 # hf_quant_config.json content, or the catalog's `quant` dict
-                                # ({kv_cache_quant_algo: FP8}); merged like vLLM does
-    compute_capability=None,    # "12.0": picks the attention backend + kernel block size
-    vllm_version='0.33.0', releases=None,   # releases = group_vars/all/vllm_releases.yml
-                                # `vllm_node_vllm_releases` dict; None = built-in 0.33 rules
-    max_num_batched_tokens=None,  # in-flight tokens for sliding-window layers (default 2048)
-    mamba_cache_mode=None,      # 'none' | 'align' | 'all'; None = vLLM default (align when the
-                                # model supports prefix caching for mamba, else none)
-    pp_layer_partition=None,    # list of per-stage layer counts (VLLM_PP_LAYER_PARTITION)
-    device='cuda'               # 'cpu': CPU backend rules (block size 128 for CPU attention)
+                                # ({kv_cache_quant_algo: FP8}); merged into quantization_config like vLLM
+    compute_capability=None,    # "12.0": picks the MLA backend and its kernel block size
+    vllm_version='0.33.0', releases=None,   # releases = the vllm_node_vllm_releases dict
+    max_num_batched_tokens=None,  # tokens per step; sliding-window / chunked layers keep
+                                # batches_in_flight x this (default 8192: conservative)
+    mamba_cache_mode=None,      # 'none' | 'align'; None = release default (align: prefix caching on)
+    pp_layer_partition=None,    # per-stage layer counts (VLLM_PP_LAYER_PARTITION), list or "16,32"
+    pp_rank=None,               # vllm_kv_cache_bytes / vllm_max_model_len: one stage instead of the worst
+    device='cuda'               # 'cpu': CPU backend block sizes (128, MLA 16) and dtypes
 
 - ``vllm_kv_cache_bytes(config, max_model_len, **kw) -> int``
-  Bytes of KV cache ONE request of ``max_model_len`` tokens needs on the most loaded rank
-  (vLLM's "X GiB KV cache is needed", i.e. block-rounded per KV-cache group).
-- ``vllm_max_model_len(config, available_kv_bytes, **kw) -> int``
-  vLLM's "estimated maximum model length": largest L in [1, model max (or ``max_model_len=``
-  kwarg)] whose one request fits in ``available_kv_bytes - one block`` (the null block).
-  0 when not even one token fits.
+  Bytes of KV cache ONE request of ``max_model_len`` tokens needs on the most loaded rank (vLLM's
+  "X GiB KV cache is needed": bytes_per_block x blocks per request summed over the KV cache groups).
+- ``vllm_max_model_len(config, available_kv_bytes, max_model_len=None, **kw) -> int``
+  vLLM's "estimated maximum model length": the largest L in [1, max_model_len or the model's maximum]
+  whose one request fits in ``available_kv_bytes`` minus one block (the null block the pool keeps);
+  0 when not even one token fits. Minimum over pipeline stages.
 - ``vllm_kv_cache_tokens(config, available_kv_bytes, max_model_len, **kw) -> int``
-  vLLM 0.33's "KV cache size: N tokens" = int(num_blocks / blocks_per_request * max_model_len),
-  num_blocks = available_kv_bytes // bytes_per_block.
-- ``vllm_memory_plan(config, **kw) -> dict``  (signature below)
+  vLLM 0.33's "KV cache size: N tokens" = int(num_blocks / blocks_per_request * max_model_len) with
+  num_blocks = available_kv_bytes // bytes_per_block (<= 0.20: num_blocks // groups * block_size).
+- ``vllm_memory_plan(config, **kw) -> dict``  (signature and schema below)
+
+Helpers also used by tests/roles: ``kv_layout`` (the full layout object), ``model_shape``,
+``resolve_kv_cache_dtype``, ``checkpoint_kv_cache_dtype``, ``attention_backend``, ``fp8_support_since``.
 
 vllm_memory_plan signature
 --------------------------
@@ -38,41 +49,58 @@ vllm_memory_plan signature
     vllm_memory_plan(
         config: dict,                        # config.json (text_config nesting as shipped)
         *,
-        releases: dict,                      # vllm_node_vllm_releases (group_vars/all/vllm_releases.yml)
+        releases: dict | None = None,        # vllm_node_vllm_releases (None: read the repo's YAML)
         checkpoint_bytes: int,               # model.safetensors.index.json metadata.total_size / catalog
+                                             #   (required on cuda; optional on cpu)
         gpu: dict | None = None,             # a vllm_node_gpus catalog entry (memory_mib,
-                                             #   compute_capability, or kind: cpu + kv_cache_space_gib);
-                                             #   explicit kwargs below win over it
+                                             #   compute_capability, name; or kind: cpu + kv_cache_space_gib);
+                                             #   the explicit kwargs below win over it
         gpu_memory_bytes: int | None = None, # per GPU, nvidia-smi MiB * 2**20
         compute_capability: str | None = None,   # "12.0"
-        gpu_count: int | str = 1,
-        device: str = 'cuda',                # 'cuda' | 'cpu'
-        cpu_kv_cache_space_gib: float | None = None,   # VLLM_CPU_KVCACHE_SPACE (device cpu)
+        gpu_count: int = 1,                  # a number ('auto' is resolved by the preflight role)
+        device: str | None = None,           # 'cuda' | 'cpu' (default: from gpu.kind / vllm_variant)
+        cpu_kv_cache_space_gib: int | None = None,   # VLLM_CPU_KVCACHE_SPACE (device cpu), whole GiB
         vllm_version: str = '0.33.0',
-        vllm_variant: str = 'cuda',
+        vllm_variant: str | None = None,     # 'cuda' | 'cpu' (reported)
         quant: dict | None = None,           # hf_quant_config.json / catalog `quant`
-        tensor_parallel_size='auto',         # 'auto' | int  (strings from Ansible are accepted)
+        tensor_parallel_size='auto',         # 'auto' | int  (numeric strings from Ansible are accepted)
         pipeline_parallel_size=1,            # int ('auto' -> 1)
-        decode_context_parallel_size='auto', # 'auto' | int   (auto -> 1 unless needed, see below)
-        kv_cache_dtype='auto',               # 'auto' | bfloat16 | float16 | fp8 | fp8_e4m3 | fp8_e5m2
-        gpu_memory_utilization='auto',       # 'auto' (release default, raised when needed) | float
+        decode_context_parallel_size='auto', # 'auto' (-> 1) | int
+        kv_cache_dtype='auto',               # 'auto' | bfloat16 | float16 | fp8 | fp8_e4m3 | fp8_e5m2 | nvfp4
+        gpu_memory_utilization='auto',       # 'auto' | float in (0, 1]
         max_model_len='auto',                # 'auto' | int
-        block_size=None,                     # None = backend default
-        max_num_batched_tokens=None, mamba_cache_mode=None, pp_layer_partition=None,
-        enforce_eager: bool = False,         # True -> no CUDA-graph reservation
-        model_key: str = '', repo: str = '', served_model_name: str = '', gpu_key: str = '',
+        block_size=None,                     # None = the backend's block size
+        max_num_batched_tokens=None, max_num_seqs=None,   # None = vLLM's defaults for this GPU
+        mamba_cache_mode=None, pp_layer_partition=None,
+        enforce_eager: bool = False,         # True -> no CUDA-graph estimate
+        model_key='', repo='', served_model_name='', gpu_key='', gpu_name='',   # reported as given
     ) -> dict
 
-Raises ``ValueError`` (message names the problem and the valid choices) for: a TP that does
-not divide the attention heads or exceeds gpu_count, missing config fields, a GPU too small
-for the weights, unknown KV dtype, bad utilization.  A requested value that merely does not
-fit is NOT an error: ``fits`` is False and ``checks``/``reasons``/``advice`` say why.
+Policies for 'auto' knobs:
+- tensor_parallel_size: the largest valid TP <= gpu_count / PP (divides the attention heads; for GQA the
+  KV heads divide TP or TP divides them; GDN/KDA heads divide). One vLLM instance uses every GPU it may:
+  more KV memory and bandwidth per request. If the weights do not fit even then: SizingError.
+- decode_context_parallel_size: 1 (DCP costs decode speed); the advice names the smallest DCP that fits.
+- kv_cache_dtype: what vLLM's `auto` resolves to (since 0.14 the ModelOpt checkpoint's KV setting), unless
+  the attention backend on this GPU + version cannot run it: then the model dtype, passed explicitly,
+  with checkpoint_kv_cache_dtype_supported false and advice naming the version that adds it.
+- gpu_memory_utilization: the release default (0.9, 0.92 from 0.20), raised in 0.01 steps up to
+  sizing_estimates.max_auto_gpu_memory_utilization (0.95) only as far as the requested max_model_len (or
+  the model's maximum when auto) needs, while the CUDA context + NCCL still fit outside the budget.
+- max_model_len: the model's maximum when it fits, else the largest safe length rounded down to a
+  multiple of 1024.
+
+Raises ``SizingError`` (a ``ValueError``; the message names the problem and the valid choices) for: a TP
+that does not divide the attention heads or needs more GPUs than given, an invalid DCP, missing config
+fields, a GPU too small for the weights, a KV dtype the backend cannot run, an out-of-range utilization,
+unmodelled architectures (DeepSeek-V4 compressed attention). A requested value that merely does not fit
+is NOT an error: ``fits`` is False and ``checks`` / ``reasons`` / ``advice`` say why, with numbers.
 
 Return schema (JSON-serialisable; the house-rules plan contract, plus a few extra keys)
 --------------------------------------------------------------------------------------
 ::
 
-    fits: bool                         # every requested (non-auto) knob fits
+    fits: bool                         # every check passes
     model, repo, served_model_name, gpu, gpu_count, device, vllm_version, vllm_variant
     attention: "mla" | "full" | "hybrid" | "sliding" | "chunked"   # dominant KV layer kind
     checkpoint_kv_cache_dtype: "fp8_e4m3" | "nvfp4" | null
@@ -80,20 +108,24 @@ Return schema (JSON-serialisable; the house-rules plan contract, plus a few extr
     tensor_parallel_size, pipeline_parallel_size, decode_context_parallel_size: int
     kv_cache_dtype: str               # resolved: "bfloat16" | "float16" | "fp8_e4m3" | ...
     gpu_memory_utilization: float
-    max_model_len: int                # chosen (requested value, or the safe one when auto)
+    max_model_len: int                # chosen (the requested value, or the recommended one when auto)
     model_max_model_len: int
     safe_max_model_len: int           # largest length whose one request fits (<= model max)
     vllm_args: [str]                  # ["--tensor-parallel-size","8","--max-model-len","131072",
-                                      #  "--gpu-memory-utilization","0.95","--kv-cache-dtype","bfloat16", ...]
-    environment: {str: str}           # {"VLLM_CPU_KVCACHE_SPACE": "1"} on cpu, PP partition, ...
+                                      #  "--gpu-memory-utilization","0.95","--kv-cache-dtype","bfloat16"]
+                                      # (+ --pipeline-parallel-size / --decode-context-parallel-size /
+                                      #  --block-size when not default; no utilization on cpu)
+    environment: {str: str}           # {"VLLM_CPU_KVCACHE_SPACE": "1"} on cpu; VLLM_PP_LAYER_PARTITION
     per_gpu: {total_bytes, requested_bytes, weights_bytes, activation_peak_bytes,
               cudagraph_bytes, non_torch_bytes, kv_cache_bytes, headroom_bytes}
+              # requested = ceil(total * util); kv_cache = requested - weights - activation
+              # (- cudagraph from 0.20); headroom = total - requested - non_torch (- cudagraph before 0.20)
     kv: {bytes_per_token, block_size, needed_bytes, available_bytes, tokens, max_concurrency,
-         num_blocks, bytes_per_block, backend}
-    checks: [{knob, requested, chosen, fits, message}]
-    reasons: [str]
-    advice: [str]
-    notes: [str]                      # how the estimates were made (calibration, replication)
+         num_blocks, bytes_per_block, backend, groups, max_num_batched_tokens}
+    checks: [{knob, requested, chosen, fits, message}]   # one per sizing knob
+    reasons: [str]                    # how the numbers were made, in plain words
+    advice: [str]                     # concrete fixes, each checked with the same maths
+    notes: [str]                      # assumptions (hybrid block alignment, cpu, versions)
 """
 from __future__ import annotations
 
@@ -410,6 +442,17 @@ def model_shape(config: dict) -> ModelShape:
     if tc.get("compress_ratios"):
         raise SizingError("DeepSeek-V4-style compressed sparse attention (compress_ratios) is not modelled by "
                           "the sizing maths; plan this model with vLLM's --max-model-len auto on the node")
+    # Hybrid families whose state layout is not modelled: refuse rather than charge them as full attention.
+    for key, family in (("hybrid_override_pattern", "Nemotron-H Mamba2 hybrid"),
+                        ("layers_block_type", "Mamba hybrid (layers_block_type)"),
+                        ("attn_layer_period", "Jamba Mamba hybrid"), ("ssm_cfg", "Mamba/SSM")):
+        if tc.get(key):
+            raise SizingError(f"{family} models ({key} in config.json) are not modelled by the sizing maths; "
+                              "supported: full/GQA, MLA, sliding window, chunked local, Qwen3-Next/Qwen3.5 "
+                              "Gated DeltaNet and Kimi-Linear KDA hybrids")
+    if isinstance(tc.get("attn_type_list"), list) and 0 in tc["attn_type_list"]:
+        raise SizingError("MiniMax lightning (linear) attention layers (attn_type_list with 0) are not modelled "
+                          "by the sizing maths")
     _require(tc, ("num_hidden_layers",), "the number of layers")
     num_layers = int(tc["num_hidden_layers"])
     kinds = _layer_kinds(tc, num_layers)

@@ -260,6 +260,16 @@ def test_missing_config_fields_are_named():
         vm.vllm_kv_cache_bytes(no_mla_rope, 4096, **kw())
 
 
+@pytest.mark.parametrize("extra,match", [
+    ({"hybrid_override_pattern": "M-M-M*-"}, "Nemotron-H"),
+    ({"attn_layer_period": 8}, "Jamba"),
+    ({"attn_type_list": [0, 0, 1]}, "lightning"),
+])
+def test_unmodelled_hybrids_are_refused_not_charged_as_full(extra, match):
+    with pytest.raises(ValueError, match=match):
+        vm.vllm_kv_cache_bytes(dict(TINY_LLAMA, **extra), 4096, **kw())
+
+
 def test_invalid_dcp_and_dtype_are_refused():
     with pytest.raises(ValueError, match=r"needs tensor_parallel_size \(2\) > the model's 2 KV heads"):
         vm.vllm_kv_cache_bytes(TINY_LLAMA, 4096, tensor_parallel_size=2, decode_context_parallel_size=2, **kw())

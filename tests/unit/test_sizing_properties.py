@@ -67,7 +67,7 @@ def test_the_estimated_length_fits_and_one_more_token_would_not(name, available)
 
 @FAST
 @given(mib_a=st.integers(100_000, 200_000), mib_b=st.integers(100_000, 200_000),
-       util=st.sampled_from([0.85, 0.9, 0.92, 0.95]), kv=st.sampled_from(["bfloat16", "fp8", "auto"]))
+       util=st.sampled_from([0.85, 0.9, 0.92, 0.95, "auto"]), kv=st.sampled_from(["bfloat16", "fp8", "auto"]))
 def test_more_gpu_memory_never_lowers_the_safe_length(mib_a, mib_b, util, kv):
     low, high = sorted((mib_a, mib_b))
 
