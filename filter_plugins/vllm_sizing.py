@@ -51,7 +51,7 @@ def _wrap(func: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return func(_plain(config), *[_plain(a) for a in args], **{k: _plain(v) for k, v in kwargs.items()})
         except vllm_memory.SizingError as exc:
-            raise AnsibleFilterError(f"{func.__name__}: {exc}") from exc
+            raise AnsibleFilterError(str(exc)) from exc   # Ansible names the filter itself
 
     filter_func.__name__ = func.__name__
     filter_func.__doc__ = func.__doc__

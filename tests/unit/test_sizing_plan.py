@@ -198,5 +198,5 @@ def test_plan_from_the_filter_wrapper():
 
     memory_plan = vllm_sizing.FilterModule().filters()["vllm_memory_plan"]
     assert memory_plan(KIMI, **STORY)["max_model_len"] == 262144
-    with pytest.raises(Exception, match="vllm_memory_plan: GPU too small"):
+    with pytest.raises(Exception, match="^GPU too small for the weights"):
         memory_plan(KIMI, **dict(STORY, gpu_count=2))
