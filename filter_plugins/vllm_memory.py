@@ -186,6 +186,9 @@ def format_gib(num_bytes: float) -> float:
 
 
 def _gib(num_bytes: float) -> str:
+    """Human size: GiB with 2 decimals (MiB below 0.1 GiB, so a block never reads as 0.00 GiB)."""
+    if 0 < abs(num_bytes) < GiB / 10:
+        return f"{num_bytes / MiB:.2f} MiB"
     return f"{num_bytes / GiB:.2f} GiB"
 
 
@@ -1367,7 +1370,9 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
                 raise SizingError(f"gpu_memory_utilization {util} is out of range; choose a value in (0, 1], "
                                   f"e.g. {default_util} (vLLM {version} default) up to 0.95")
         plan_budget = budget(util)
-        best = budget(util if not util_auto else max_util)
+        # Too small for the weights = not even at the highest utilization the plan would choose; an explicit
+        # low utilization is a knob that does not fit (advice), not an error.
+        best = budget(max(util, max_util))
         if weights + activation + (cudagraph if cg_subtracted else 0) >= best.requested:
             fitting = []
             for cand in valid_tensor_parallel_sizes(shape, 1024):
@@ -1413,7 +1418,7 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
                        f"choose <= {model_max:,}")
         advice.append(f"Lower --max-model-len to at most {model_max:,} (the model's own maximum).")
     elif safe <= 0:
-        len_message = (f"no KV cache room: {_gib(available)} is available for KV {where}; even one "
+        len_message = (f"no KV cache room: {_gib(max(available, 0))} is available for KV {where}; even one "
                        f"{layout.block_size}-token block ({_gib(per_block)}) plus the null block does not fit")
     elif not len_ok:
         len_message = (f"{label} KV needs {_gib(needed)} {where} for {chosen_len:,} tokens; "

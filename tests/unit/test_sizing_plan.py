@@ -121,6 +121,14 @@ def test_too_high_utilization_leaves_no_room_for_the_cuda_context():
     assert any("Lower --gpu-memory-utilization" in a for a in p["advice"])
 
 
+def test_too_low_utilization_is_a_knob_that_does_not_fit_not_an_error():
+    p = plan(kv_cache_dtype="bfloat16", max_model_len=131072, gpu_memory_utilization=0.8)
+    assert p["fits"] is False and p["safe_max_model_len"] == 0
+    assert "no KV cache room" in check(p, "max_model_len")["message"]
+    assert "Use --gpu-memory-utilization 0.95" in check(p, "max_model_len")["message"]
+    assert any("Raise --gpu-memory-utilization to 0.95" in a for a in p["advice"])
+
+
 def test_cuda_graphs_come_out_of_the_kv_budget_from_0_20():
     new = plan(kv_cache_dtype="bfloat16", max_model_len=65536, gpu_memory_utilization=0.95)
     old = plan(kv_cache_dtype="bfloat16", max_model_len=65536, gpu_memory_utilization=0.95, vllm_version="0.19.0")
