@@ -154,15 +154,17 @@ the non-KV estimate is bracketed by the story: at util 0.95 the budget is ceil(9
 minus 70.81 GiB weights = 20.0 GiB for activations + CUDA graphs + KV.  131,072 bf16 tokens need 8.58 GiB and
 262,144 need 17.16 GiB (+ one null block), so the real overhead lies between 2.84 and 11.4 GiB.
 Model used here (group_vars/all/vllm_releases.yml sizing_estimates):
-  weights  = 591e9 / 8 = 68.80 GiB + MLA q_a/kv_a projections held whole on every rank
-             (61 x 7168 x 2112 x 2 B x 7/8 = 1.50 GiB) + 1 % margin (0.69 GiB) = 70.99 GiB  (+0.25 % vs 70.81)
+  weights  = 591e9 / 8 = 68.80 GiB + layers vLLM keeps whole on every rank (ReplicatedLinear): MLA q_a/kv_a
+             projections 61 x 7168 x 2112 x 2 B x 7/8 = 1.50 GiB and MoE routers 60 x 7168 x 384 x 2 B x 7/8
+             = 0.28 GiB, + 1 % margin (0.69 GiB) = 71.27 GiB  (+0.65 % vs the 70.81 GiB vLLM reported)
   activation peak = 0.5 GiB floor + 8192 tokens x 7168 x 2 B x 16 (1.75 GiB) + MoE 8192 x 8 x 7168 x 2 B x 2
              (1.75 GiB) + sampler 1024 x 163,840 x 4 B x 2 (1.25 GiB) + vision encoder 1 GiB + 0.25 GiB
              non-torch growth = 6.5 GiB
   CUDA graphs = 0.5 GiB + 61 x 16 MiB = 1.45 GiB (subtracted from the KV budget from vLLM 0.20)
-  => available KV ~ 90.81 - 70.99 - 6.5 - 1.45 = 11.9 GiB: inside the bracket (overhead 7.95 GiB, 2.8x the
-  lower bound, 0.7x the upper), so 131,072 fits (8.58 GiB) and 262,144 bf16 does not (17.16 GiB), with
-  margin on both sides; fp8 KV (8.58 GiB for 262,144) fits on vLLM >= 0.18.
+  => available KV ~ 90.81 - 71.27 - 6.5 - 1.45 = 11.6 GiB: the overhead (7.95 GiB activations + graphs)
+  sits inside the 2.84..11.4 GiB bracket (2.8x the lower bound, 0.7x the upper), so 131,072 fits
+  (8.58 GiB) and 262,144 bf16 does not (17.16 GiB), with margin on both sides; fp8 KV (8.58 GiB for
+  262,144) fits on vLLM >= 0.18.
 The KV maths itself (bytes per token, blocks, groups, null block, token counts) is exact vLLM 0.33 logic and
 is tested against every ground-truth report that reproduces under 0.33 rules (error table in the tests).
 """
@@ -491,10 +493,15 @@ def model_shape(config: dict) -> ModelShape:
     hidden = int(tc.get("hidden_size") or 0)
     replicated = 0
     if mla and hidden:
-        # q_a_proj (when q_lora_rank is set) and kv_a_proj_with_mqa are replicated layers in vLLM's MLA.
-        # NVFP4/FP8 exports keep attention in bf16, so 2 B/param is the conservative choice.
+        # q_a_proj (when q_lora_rank is set) and kv_a_proj_with_mqa are ReplicatedLinear in vLLM's
+        # deepseek_v2.py. NVFP4/FP8 exports keep attention in bf16, so 2 B/param is the conservative choice.
         q_lora = int(tc.get("q_lora_rank") or 0)
         replicated = num_layers * hidden * (q_lora + mla_dim) * 2
+    experts = int(tc.get("n_routed_experts") or tc.get("num_experts") or tc.get("num_local_experts") or 0)
+    if experts and hidden:
+        # The MoE router (GateLinear, a ReplicatedLinear) is whole on every TP rank.
+        moe_layers = max(0, num_layers - int(tc.get("first_k_dense_replace") or 0))
+        replicated += moe_layers * hidden * experts * 2
     top_k = int(tc.get("num_experts_per_tok") or tc.get("moe_topk") or tc.get("num_selected_experts") or 0)
     return ModelShape(
         num_layers=num_layers, kinds=kinds, mla=mla, num_heads=int(tc["num_attention_heads"]),
@@ -1173,7 +1180,7 @@ def _weights_per_gpu(shape: ModelShape, checkpoint_bytes: int, tp: int, pp: int,
     margin = shard * _estimate(rel, "weights_margin_fraction")
     text = f"{checkpoint_bytes / 1e9:.1f} GB checkpoint / (TP {tp} x PP {pp}) = {_gib(shard)}"
     if replicated:
-        text += f", + {_gib(replicated)} of MLA low-rank projections that every TP rank holds whole"
+        text += f", + {_gib(replicated)} of layers every TP rank holds whole (MLA q_a/kv_a projections, MoE router)"
     text += f", + {_estimate(rel, 'weights_margin_fraction') * 100:g} % margin"
     return int(shard + replicated + margin), text
 
@@ -1404,6 +1411,9 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
     safe = layout.estimate_max_model_len(available, model_max) if available > 0 else 0
     if requested_len is None:
         chosen_len = model_max if safe >= model_max else _nice_length(safe, layout.block_size)
+        if _rule(rel, "max_model_len_auto", version, True) and device == "cuda":
+            notes.append(f"max_model_len {chosen_len:,} is chosen here, before any download; vLLM {version} "
+                         "could fit it itself with --max-model-len auto, but only after loading the weights")
     else:
         chosen_len = requested_len
     len_ok = 0 < chosen_len <= safe and chosen_len <= model_max
