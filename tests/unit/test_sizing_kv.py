@@ -184,6 +184,9 @@ def test_sliding_window_holds_in_flight_tokens():
     assert large == page_group * (8192 + 1033)
     # short contexts: the window is capped by max_model_len
     assert vm.vllm_kv_cache_bytes(oss, 64, **kw()) == page_group * (4 + 5)
+    # the window keeps W - 1 earlier tokens: 127 + 17 in flight = 144 = 9 blocks exactly (+1 for alignment)
+    one_batch = vm.vllm_kv_cache_bytes(oss, 4096, max_num_batched_tokens=17, vllm_version="0.20.0", **kw())
+    assert one_batch == page_group * (256 + 10)
 
 
 def test_chunked_local_attention_is_charged_as_full_by_default():
