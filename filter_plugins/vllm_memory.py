@@ -668,7 +668,8 @@ def attention_backend(mla: bool, kv_dtype: str, compute_capability: Any = None, 
             message = f"no attention backend supports {kv_dtype} KV cache"
         elif not ok:
             message = f"{kv_dtype} KV cache needs vLLM >= {since}"
-        if ok and kv_dtype == "nvfp4" and cc is not None and cc[0] not in full.get("nvfp4_compute_capability_majors", []):
+        nvfp4_majors = full.get("nvfp4_compute_capability_majors", [])
+        if ok and kv_dtype == "nvfp4" and cc is not None and cc[0] not in nvfp4_majors:
             ok, message = False, f"nvfp4 KV cache is not supported on {_cc_text(cc)}"
         return Backend(str(full.get("name", "FLASH_ATTN")), pref, smallest, ok, message)
     backends = data.get("mla") or {}
@@ -1471,7 +1472,8 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
                         f"{_gib(total - plan_budget.requested)} left for the CUDA context and NCCL "
                         f"(~{_gib(non_torch)})" + ("" if cg_subtracted else f" and CUDA graphs (~{_gib(cudagraph)})"))
         if util_auto:
-            util_message = f"auto (vLLM {version} default {float(_rule(rel, 'gpu_memory_utilization_default', version, 0.92)):g}, raised up to {_estimate(rel, 'max_auto_gpu_memory_utilization'):g} when the context needs it): " + util_message
+            util_message = (f"auto (vLLM {version} default {default_util:g}, raised up to {max_util:g} when "
+                            f"the context needs it): " + util_message)
     checks.append(_check("gpu_memory_utilization", gpu_memory_utilization, util, util_ok,
                          util_message or "not used on cpu (VLLM_CPU_KVCACHE_SPACE sizes the KV cache)"))
     checks.append(_check("max_model_len", max_model_len, chosen_len, len_ok, len_message))
