@@ -1206,29 +1206,10 @@ def _check(knob: str, requested: Any, chosen: Any, fits: bool, message: str) -> 
     return {"knob": knob, "requested": requested, "chosen": chosen, "fits": bool(fits), "message": message}
 
 
-def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_bytes: Any = None,
-                     gpu: dict | None = None, gpu_memory_bytes: Any = None, compute_capability: Any = None,
-                     gpu_count: Any = 1, device: str | None = None, cpu_kv_cache_space_gib: Any = None,
-                     vllm_version: str = "0.33.0", vllm_variant: str | None = None, quant: dict | None = None,
-                     tensor_parallel_size: Any = "auto", pipeline_parallel_size: Any = 1,
-                     decode_context_parallel_size: Any = "auto", kv_cache_dtype: Any = "auto",
-                     gpu_memory_utilization: Any = "auto", max_model_len: Any = "auto", block_size: Any = None,
-                     max_num_batched_tokens: Any = None, max_num_seqs: Any = None, mamba_cache_mode: Any = None,
-                     pp_layer_partition: Any = None, enforce_eager: bool = False, model_key: str = "",
-                     repo: str = "", served_model_name: str = "", gpu_key: str = "", gpu_name: str = "",
-                     **_ignored: Any) -> dict:
-    """The whole sizing plan (schema in the module docstring); SizingError for invalid input."""
-    rel = _releases(releases)
-    version = str(vllm_version or "0.33.0")
-    _version_tuple(version)
-    shape = model_shape(config)
-    model_max = require_max_len(shape)
-    notes: list[str] = []
-    known = rel.get("known_versions") or []
-    if known and version not in known and _version_tuple(version) > max(_version_tuple(v) for v in known):
-        notes.append(f"vLLM {version} is newer than the releases data ({known[-1]}); its rules were assumed")
-
-    # --- the device -------------------------------------------------------------------------
+def _resolve_device(gpu: dict | None, device: str | None, vllm_variant: str | None, gpu_name: str,
+                    compute_capability: Any, gpu_memory_bytes: Any, cpu_kv_cache_space_gib: Any,
+                    gpu_count: Any) -> tuple[str, str, str, Any, int, int]:
+    """(device, variant, gpu name, compute capability, bytes per GPU (cpu: KV space), GPU count)."""
     gpu = dict(gpu or {})
     if device is None:
         device = "cpu" if gpu.get("kind") == "cpu" or vllm_variant == "cpu" else "cuda"
@@ -1259,8 +1240,12 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
     count = _to_int("gpu_count", gpu_count)
     if count < 1:
         raise SizingError("gpu_count must be >= 1")
+    return device, variant, gpu_name, cc, total, count
 
-    # --- parallelism --------------------------------------------------------------------------
+
+def _resolve_parallel(shape: ModelShape, count: int, tensor_parallel_size: Any, pipeline_parallel_size: Any,
+                      decode_context_parallel_size: Any) -> tuple[int, int, int, list[int]]:
+    """(TP, PP, DCP, valid TP sizes): validated, 'auto' resolved by the documented policies."""
     pp = 1 if _is_auto(pipeline_parallel_size) else _to_int("pipeline_parallel_size", pipeline_parallel_size)
     if pp < 1 or pp > count:
         raise SizingError(f"pipeline_parallel_size {pp} needs {pp} GPUs; gpu_count is {count}")
@@ -1281,8 +1266,12 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
     dcp_auto = _is_auto(decode_context_parallel_size)
     dcp = 1 if dcp_auto else _to_int("decode_context_parallel_size", decode_context_parallel_size)
     validate_parallel(shape, tp, dcp)
+    return tp, pp, dcp, valid_tp
 
-    # --- KV dtype ----------------------------------------------------------------------------
+
+def _resolve_kv_dtype(config: dict, shape: ModelShape, quant: dict | None, kv_cache_dtype: Any, cc: Any,
+                      device: str, version: str, rel: dict) -> tuple[str, str | None, bool, str, list, list]:
+    """(KV dtype, checkpoint KV dtype, checkpoint KV runnable, message, reasons, advice)."""
     ckpt_kv = checkpoint_kv_cache_dtype(config, quant)
     ckpt_backend = attention_backend(shape.mla, ckpt_kv, cc, device, version, rel) if ckpt_kv else None
     ckpt_supported = ckpt_backend.supported if ckpt_backend else True
@@ -1318,6 +1307,108 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
             raise SizingError(f"kv_cache_dtype {kv_cache_dtype} cannot run here: {backend.message}. "
                               f"Valid choices for this GPU and vLLM {version}: auto, {', '.join(options)}")
         kv_message = f"{kv_dtype} as requested"
+    return kv_dtype, ckpt_kv, ckpt_supported, kv_message, reasons, advice
+
+
+def _cuda_budget(shape: ModelShape, layout: KVLayout, rel: dict, version: str, total: int, count: int, tp: int,
+                 pp: int, valid_tp: list[int], checkpoint_bytes: Any, mnbt: int, seqs: int, enforce_eager: bool,
+                 gpu_memory_utilization: Any, target_len: int, per_block: int) -> dict:
+    """Per-GPU memory model and the utilization choice; SizingError when the weights cannot fit."""
+    if checkpoint_bytes in (None, "", "auto"):
+        raise SizingError("checkpoint_bytes is needed for the weights estimate (model.safetensors.index.json "
+                          "metadata.total_size, or the model catalog's checkpoint_bytes)")
+    ckpt_bytes_int = _to_int("checkpoint_bytes", checkpoint_bytes)
+    weights, weights_text = _weights_per_gpu(shape, ckpt_bytes_int, tp, pp, rel)
+    activation, activation_text = _activation_peak(shape, mnbt, seqs, rel)
+    cg_subtracted = bool(_rule(rel, "cudagraph_memory_subtracted", version, True))
+    layers_per_stage = max(len(s) for s in layout.stages)
+    cudagraph = 0 if enforce_eager else int(_estimate(rel, "cudagraph_base_gib") * GiB
+                                            + layers_per_stage * _estimate(rel, "cudagraph_per_layer_mib") * MiB)
+    non_torch = int(_estimate(rel, "cuda_context_gib") * GiB
+                    + (_estimate(rel, "nccl_gib_if_distributed") * GiB if tp * pp > 1 else 0))
+    default_util = float(_rule(rel, "gpu_memory_utilization_default", version, 0.92))
+    max_util = max(default_util, _estimate(rel, "max_auto_gpu_memory_utilization"))
+
+    def budget(util: float) -> _Budget:
+        return _Budget(total, util, weights, activation, cudagraph, cg_subtracted, non_torch)
+
+    util_auto = _is_auto(gpu_memory_utilization)
+    if util_auto:
+        util = default_util
+        need = layout.needed_bytes(target_len) + per_block
+        step = default_util
+        while round(step, 2) <= max_util + 1e-9:
+            candidate = budget(round(step, 2))
+            if candidate.headroom < 0:
+                break
+            util = round(step, 2)
+            if candidate.kv >= need:
+                break
+            step += 0.01
+    else:
+        try:
+            util = float(gpu_memory_utilization)
+        except (TypeError, ValueError):
+            raise SizingError(f"gpu_memory_utilization must be a number in (0, 1] or 'auto', "
+                              f"got {gpu_memory_utilization!r}") from None
+        if not 0 < util <= 1:
+            raise SizingError(f"gpu_memory_utilization {util} is out of range; choose a value in (0, 1], "
+                              f"e.g. {default_util} (vLLM {version} default) up to 0.95")
+    plan_budget = budget(util)
+    # Too small for the weights = not even at the highest utilization the plan would choose; an explicit
+    # low utilization is a knob that does not fit (advice), not an error.
+    best = budget(max(util, max_util))
+    if weights + activation + (cudagraph if cg_subtracted else 0) >= best.requested:
+        fitting = []
+        for cand in valid_tensor_parallel_sizes(shape, 1024):
+            w, _ = _weights_per_gpu(shape, ckpt_bytes_int, cand, pp, rel)
+            if w + activation + (cudagraph if cg_subtracted else 0) < best.requested:
+                fitting.append(cand)
+                break
+        hint = (f"Use tensor_parallel_size >= {fitting[0]} (needs {fitting[0] * pp} such GPUs)"
+                if fitting else "No tensor parallel size of this model fits this GPU")
+        raise SizingError(
+            f"GPU too small for the weights: {_gib(weights)} of weights per GPU ({weights_text}) plus "
+            f"{_gib(activation)} activation peak and {_gib(cudagraph)} CUDA graphs exceed the "
+            f"{_gib(best.requested)} vLLM may use ({best.util:g} x {_gib(total)}). {hint}; valid TP sizes "
+            f"with {count} GPU(s): {', '.join(map(str, valid_tp))}")
+    return {"plan": plan_budget, "util": util, "util_auto": util_auto, "weights": weights,
+            "weights_text": weights_text, "activation": activation, "activation_text": activation_text,
+            "cudagraph": cudagraph, "cg_subtracted": cg_subtracted, "non_torch": non_torch,
+            "default_util": default_util, "max_util": max_util}
+
+
+def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_bytes: Any = None,
+                     gpu: dict | None = None, gpu_memory_bytes: Any = None, compute_capability: Any = None,
+                     gpu_count: Any = 1, device: str | None = None, cpu_kv_cache_space_gib: Any = None,
+                     vllm_version: str = "0.33.0", vllm_variant: str | None = None, quant: dict | None = None,
+                     tensor_parallel_size: Any = "auto", pipeline_parallel_size: Any = 1,
+                     decode_context_parallel_size: Any = "auto", kv_cache_dtype: Any = "auto",
+                     gpu_memory_utilization: Any = "auto", max_model_len: Any = "auto", block_size: Any = None,
+                     max_num_batched_tokens: Any = None, max_num_seqs: Any = None, mamba_cache_mode: Any = None,
+                     pp_layer_partition: Any = None, enforce_eager: bool = False, model_key: str = "",
+                     repo: str = "", served_model_name: str = "", gpu_key: str = "", gpu_name: str = "",
+                     **_ignored: Any) -> dict:
+    """The whole sizing plan (schema in the module docstring); SizingError for invalid input."""
+    rel = _releases(releases)
+    version = str(vllm_version or "0.33.0")
+    _version_tuple(version)
+    shape = model_shape(config)
+    model_max = require_max_len(shape)
+    notes: list[str] = []
+    known = rel.get("known_versions") or []
+    if known and version not in known and _version_tuple(version) > max(_version_tuple(v) for v in known):
+        notes.append(f"vLLM {version} is newer than the releases data ({known[-1]}); its rules were assumed")
+
+    # --- the device, parallelism, KV dtype -----------------------------------------------------
+    device, variant, gpu_name, cc, total, count = _resolve_device(
+        gpu, device, vllm_variant, gpu_name, compute_capability, gpu_memory_bytes, cpu_kv_cache_space_gib, gpu_count)
+    tp, pp, dcp, valid_tp = _resolve_parallel(shape, count, tensor_parallel_size, pipeline_parallel_size,
+                                              decode_context_parallel_size)
+    tp_auto = _is_auto(tensor_parallel_size)
+    dcp_auto = _is_auto(decode_context_parallel_size)
+    kv_dtype, ckpt_kv, ckpt_supported, kv_message, reasons, advice = _resolve_kv_dtype(
+        config, shape, quant, kv_cache_dtype, cc, device, version, rel)
 
     # --- batch defaults and the KV layout -------------------------------------------------------
     mnbt_default, seqs_default = _batch_defaults(rel, device, total, gpu_name, tp * pp)
@@ -1333,68 +1424,16 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
     target_len = min(requested_len or model_max, model_max) if requested_len else model_max
     worst_stage = max(layout.active_stages(), key=layout.bytes_per_block)
     per_block = layout.bytes_per_block(worst_stage)
-    ckpt_bytes_int = None
 
     # --- memory budget -----------------------------------------------------------------------------
     if device == "cuda":
-        if checkpoint_bytes in (None, "", "auto"):
-            raise SizingError("checkpoint_bytes is needed for the weights estimate (model.safetensors.index.json "
-                              "metadata.total_size, or the model catalog's checkpoint_bytes)")
-        ckpt_bytes_int = _to_int("checkpoint_bytes", checkpoint_bytes)
-        weights, weights_text = _weights_per_gpu(shape, ckpt_bytes_int, tp, pp, rel)
-        activation, activation_text = _activation_peak(shape, mnbt, seqs, rel)
-        cg_subtracted = bool(_rule(rel, "cudagraph_memory_subtracted", version, True))
-        layers_per_stage = max(len(s) for s in layout.stages)
-        cudagraph = 0 if enforce_eager else int(_estimate(rel, "cudagraph_base_gib") * GiB
-                                                + layers_per_stage * _estimate(rel, "cudagraph_per_layer_mib") * MiB)
-        non_torch = int(_estimate(rel, "cuda_context_gib") * GiB
-                        + (_estimate(rel, "nccl_gib_if_distributed") * GiB if tp * pp > 1 else 0))
-        default_util = float(_rule(rel, "gpu_memory_utilization_default", version, 0.92))
-        max_util = max(default_util, _estimate(rel, "max_auto_gpu_memory_utilization"))
-
-        def budget(util: float) -> _Budget:
-            return _Budget(total, util, weights, activation, cudagraph, cg_subtracted, non_torch)
-
-        util_auto = _is_auto(gpu_memory_utilization)
-        if util_auto:
-            util = default_util
-            need = layout.needed_bytes(target_len) + per_block
-            step = default_util
-            while round(step, 2) <= max_util + 1e-9:
-                candidate = budget(round(step, 2))
-                if candidate.headroom < 0:
-                    break
-                util = round(step, 2)
-                if candidate.kv >= need:
-                    break
-                step += 0.01
-        else:
-            try:
-                util = float(gpu_memory_utilization)
-            except (TypeError, ValueError):
-                raise SizingError(f"gpu_memory_utilization must be a number in (0, 1] or 'auto', "
-                                  f"got {gpu_memory_utilization!r}") from None
-            if not 0 < util <= 1:
-                raise SizingError(f"gpu_memory_utilization {util} is out of range; choose a value in (0, 1], "
-                                  f"e.g. {default_util} (vLLM {version} default) up to 0.95")
-        plan_budget = budget(util)
-        # Too small for the weights = not even at the highest utilization the plan would choose; an explicit
-        # low utilization is a knob that does not fit (advice), not an error.
-        best = budget(max(util, max_util))
-        if weights + activation + (cudagraph if cg_subtracted else 0) >= best.requested:
-            fitting = []
-            for cand in valid_tensor_parallel_sizes(shape, 1024):
-                w, _ = _weights_per_gpu(shape, ckpt_bytes_int, cand, pp, rel)
-                if w + activation + (cudagraph if cg_subtracted else 0) < best.requested:
-                    fitting.append(cand)
-                    break
-            hint = (f"Use tensor_parallel_size >= {fitting[0]} (needs {fitting[0] * pp} such GPUs)"
-                    if fitting else "No tensor parallel size of this model fits this GPU")
-            raise SizingError(
-                f"GPU too small for the weights: {_gib(weights)} of weights per GPU ({weights_text}) plus "
-                f"{_gib(activation)} activation peak and {_gib(cudagraph)} CUDA graphs exceed the "
-                f"{_gib(best.requested)} vLLM may use ({best.util:g} x {_gib(total)}). {hint}; valid TP sizes "
-                f"with {count} GPU(s): {', '.join(map(str, valid_tp))}")
+        budget = _cuda_budget(shape, layout, rel, version, total, count, tp, pp, valid_tp, checkpoint_bytes,
+                              mnbt, seqs, enforce_eager, gpu_memory_utilization, target_len, per_block)
+        plan_budget, util, util_auto = budget["plan"], budget["util"], budget["util_auto"]
+        weights, weights_text = budget["weights"], budget["weights_text"]
+        activation, activation_text = budget["activation"], budget["activation_text"]
+        cudagraph, cg_subtracted, non_torch = budget["cudagraph"], budget["cg_subtracted"], budget["non_torch"]
+        default_util, max_util = budget["default_util"], budget["max_util"]
         available = plan_budget.kv
     else:
         weights = (_to_int("checkpoint_bytes", checkpoint_bytes) // (tp * pp)) if checkpoint_bytes else 0
