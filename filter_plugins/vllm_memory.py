@@ -1543,6 +1543,13 @@ def vllm_memory_plan(config: dict, *, releases: dict | None = None, checkpoint_b
     args += ["--kv-cache-dtype", _kv_dtype_arg(kv_dtype, shape, ckpt_kv, version, rel, cc, device, notes)]
     if not _is_auto(block_size):
         args += ["--block-size", str(layout.block_size)]
+    # Knobs the estimate depends on are passed on, so vLLM runs what was planned.
+    if max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(mnbt)]
+    if max_num_seqs:
+        args += ["--max-num-seqs", str(seqs)]
+    if enforce_eager and device == "cuda":
+        args += ["--enforce-eager"]
     environment: dict[str, str] = {}
     if device == "cpu":
         environment["VLLM_CPU_KVCACHE_SPACE"] = str(total // GiB)

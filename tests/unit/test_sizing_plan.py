@@ -129,6 +129,16 @@ def test_too_low_utilization_is_a_knob_that_does_not_fit_not_an_error():
     assert any("Raise --gpu-memory-utilization to 0.95" in a for a in p["advice"])
 
 
+def test_knobs_the_estimate_depends_on_are_passed_to_vllm():
+    p = plan(kv_cache_dtype="fp8", max_model_len=65536, enforce_eager=True, max_num_batched_tokens=4096,
+             max_num_seqs=64, block_size=32)
+    args = p["vllm_args"]
+    assert p["per_gpu"]["cudagraph_bytes"] == 0 and "--enforce-eager" in args
+    assert args[args.index("--max-num-batched-tokens") + 1] == "4096"
+    assert args[args.index("--max-num-seqs") + 1] == "64"
+    assert args[args.index("--block-size") + 1] == "32" and p["kv"]["block_size"] == 32
+
+
 def test_cuda_graphs_come_out_of_the_kv_budget_from_0_20():
     new = plan(kv_cache_dtype="bfloat16", max_model_len=65536, gpu_memory_utilization=0.95)
     old = plan(kv_cache_dtype="bfloat16", max_model_len=65536, gpu_memory_utilization=0.95, vllm_version="0.19.0")
