@@ -31,7 +31,8 @@ TINY_DSV3_FP8KV = dict(TINY_DSV3, quantization_config={
                                                                           "type": "float"}})
 KIMI_TEXT = {"model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 64,
              "num_key_value_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
-             "qk_nope_head_dim": 128, "v_head_dim": 128, "num_experts_per_tok": 8, "vocab_size": 163840,
+             "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 384, "first_k_dense_replace": 1,
+             "num_experts_per_tok": 8, "vocab_size": 163840,
              "max_position_embeddings": 262144, "dtype": "bfloat16"}
 KIMI = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": KIMI_TEXT}
 
