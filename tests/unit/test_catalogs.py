@@ -13,6 +13,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "filter_plugins"))
+import vllm_memory  # noqa: E402  (the sizing maths, plain Python)
+
 MODELS: dict[str, Any] = yaml.safe_load((ROOT / "group_vars/all/models.yml").read_text())["vllm_node_models"]
 GPUS: dict[str, Any] = yaml.safe_load((ROOT / "group_vars/all/gpus.yml").read_text())["vllm_node_gpus"]
 TINY = ("tiny-llama", "tiny-llama-private", "tiny-deepseek-v3", "tiny-deepseek-v3-fp8kv")
@@ -139,3 +142,39 @@ def test_simulated_gpu_node_matches_the_catalog() -> None:
         assert gpu["name"] in entry["names"]
         assert gpu["memory_total_mib"] == entry["memory_mib"]
         assert gpu["compute_cap"] == entry["compute_capability"]
+
+
+# ---- every catalog entry can be planned, and its KV geometry matches the research notes
+
+RELEASES = yaml.safe_load((ROOT / "group_vars/all/vllm_releases.yml").read_text())["vllm_node_vllm_releases"]
+# Per-rank bf16 KV bytes per token at TP 8, computed independently in shared/docs/model-configs.yaml.
+TP8_BF16_BYTES_PER_TOKEN = {
+    "kimi-k2.5-nvfp4": 70272, "deepseek-v3.1": 70272, "qwen3-235b-a22b": 48128, "llama-3.1-70b-instruct": 40960,
+    "llama-3.1-405b-instruct-fp8": 64512, "glm-4.6-fp8": 47104, "qwen3-next-80b-a3b-instruct": 12288,
+}
+
+
+def catalog_plan(key: str, gpu_key: str, count: int, **knobs: Any) -> dict[str, Any]:
+    entry, gpu = MODELS[key], GPUS[gpu_key]
+    return vllm_memory.vllm_memory_plan(
+        entry["config"], releases=RELEASES, checkpoint_bytes=entry["checkpoint_bytes"], gpu=gpu, gpu_count=count,
+        device=gpu["kind"], vllm_variant="cpu" if gpu["kind"] == "cpu" else "cuda", quant=entry["quant"],
+        model_key=key, repo=entry["repo"], gpu_key=gpu_key, **knobs)
+
+
+@pytest.mark.parametrize("key", sorted(MODELS))
+def test_every_model_plans_on_its_hardware(key: str) -> None:
+    """Tiny models on the cpu device, the others on 8 x B200 (1.4 TB: every catalog checkpoint fits)."""
+    gpu_key, count = ("cpu", 1) if key.startswith("tiny-") else ("b200", 8)
+    plan = catalog_plan(key, gpu_key, count)
+    assert plan["fits"] is True
+    assert plan["model"] == key and plan["repo"] == MODELS[key]["repo"]
+    model_max = text_config(MODELS[key]["config"])["max_position_embeddings"]
+    assert plan["model_max_model_len"] == model_max
+    assert 0 < plan["safe_max_model_len"] <= model_max
+
+
+@pytest.mark.parametrize(("key", "expected"), sorted(TP8_BF16_BYTES_PER_TOKEN.items()))
+def test_kv_bytes_per_token_match_the_research_notes(key: str, expected: int) -> None:
+    plan = catalog_plan(key, "rtx-pro-6000-blackwell", 8, tensor_parallel_size=8, kv_cache_dtype="bfloat16")
+    assert plan["kv"]["bytes_per_token"] == expected
