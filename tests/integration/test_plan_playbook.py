@@ -149,7 +149,7 @@ def test_tp_that_does_not_divide_the_heads_is_refused_with_valid_choices(tmp_pat
     run = plan(tmp_path, *STORY, "-e", "vllm_node_tensor_parallel_size=3")
     assert run.rc != 0, run.out
     text = one_line(run.out)
-    assert "Cannot plan kimi-k2.5-nvfp4" in text
+    assert "Cannot plan kimi-k2.5-nvfp4 on 8 x rtx-pro-6000-blackwell (vLLM 0.33.0): tensor_parallel_size 3" in text
     assert re.search(r"\b64\b", text) and "heads" in text  # names the problem: 3 does not divide 64 heads
     assert re.search(r"\b1, 2, 4, 8\b", text), "lists the tensor-parallel sizes that work"
 
@@ -254,19 +254,22 @@ def test_every_inventory_loads_group_vars_all(inventory: str) -> None:
 
 
 def test_playbooks_load_group_vars_all_without_an_inventory_link(tmp_path: Path) -> None:
-    """An inventory with no group_vars of its own still gets the catalogs through playbooks/group_vars."""
+    """An inventory with no group_vars of its own still gets the catalogs through playbooks/group_vars.
+
+    The probe playbook sits in a scratch directory whose group_vars is the repository's playbooks/group_vars
+    (so the repository is not written to while other tests or linters run)."""
     inventory = tmp_path / "hosts.yml"
     inventory.write_text("all:\n  hosts:\n    probe-node:\n      ansible_connection: local\n")
-    probe = ROOT / "playbooks" / f".probe-{os.getpid()}.yml"
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "group_vars").symlink_to(ROOT / "playbooks" / "group_vars")
+    probe = playbooks / "probe.yml"
     probe.write_text("- name: Probe\n  hosts: all\n  gather_facts: false\n  tasks:\n"
                      "    - name: Show catalog sizes\n      ansible.builtin.debug:\n"
                      "        msg: \"CATALOGS {{ vllm_node_models | length }} {{ vllm_node_gpus | length }}"
                      " {{ vllm_node_vllm_releases is mapping }}\"\n")
-    try:
-        proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(probe)], cwd=ROOT, env=env(),
-                              capture_output=True, text=True)
-    finally:
-        probe.unlink()
+    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inventory), str(probe)], cwd=ROOT, env=env(),
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     match = re.search(r"CATALOGS (\d+) (\d+) (\w+)", proc.stdout)
     assert match and int(match[1]) >= 10 and int(match[2]) >= 8 and match[3] == "True", proc.stdout
