@@ -1,0 +1,233 @@
+"""Fault paths and results of model_download / model_config on the molecule node, triggered for real.
+
+Each test runs molecule/model_pipeline/run.yml with ansible-playbook against the molecule inventory, in its own
+model root, and checks the node (testinfra `host`), the hub's counters and the Ansible output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SCENARIO = Path(__file__).resolve().parents[1]
+PROJECT = SCENARIO.parents[1]
+HUB = "http://127.0.0.1:8999"
+TOKEN = "hf_mpTEST_s3cr3t_7f3a9c2e"
+TIMINGS: dict[str, float] = {}
+
+
+def run_play(name: str, extra: dict[str, Any], expect_ok: bool = True) -> str:
+    """ansible-playbook run.yml with extra vars; returns stdout+stderr; asserts the exit status."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
+        json.dump(extra, handle)
+    env = dict(os.environ)
+    env["ANSIBLE_ROLES_PATH"] = str(PROJECT / "roles")
+    env["ANSIBLE_CONFIG"] = str(PROJECT / "ansible.cfg")
+    env["ANSIBLE_FORCE_COLOR"] = "0"
+    env["ANSIBLE_NOCOLOR"] = "1"
+    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
+    cmd = ["ansible-playbook", "-i", inventory, str(SCENARIO / "run.yml"), "-e", "@" + handle.name]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    TIMINGS[name] = round(time.monotonic() - start, 1)
+    os.unlink(handle.name)
+    output = proc.stdout + proc.stderr
+    log = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", tempfile.gettempdir())) / f"mp-{name}.log"
+    log.write_text(output)
+    assert (proc.returncode == 0) == expect_ok, f"{name}: rc={proc.returncode}, expected ok={expect_ok}\n{output[-6000:]}"
+    return output
+
+
+def hub(host, action: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Call a control endpoint of the hub on the node."""
+    code = (
+        "import json,sys,urllib.request as u;"
+        f"d={json.dumps(json.dumps(payload)) if payload is not None else 'None'};"
+        f"r=u.Request('{HUB}/_control/{action}', data=d.encode() if d else None, method='POST' if d else 'GET');"
+        "print(u.urlopen(r).read().decode())"
+    )
+    res = host.run(f"python3 -c {json.dumps(code)}")
+    assert res.rc == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def served(host, repo: str) -> dict[str, dict[str, int]]:
+    """Per-file counters of the hub for one repo, keyed by path inside the repo."""
+    files = hub(host, "counters")["files"]
+    prefix = repo + "/"
+    return {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
+
+
+def result(host, path: str = "/tmp/mp-result.json") -> dict[str, Any]:
+    return json.loads(host.file(path).content_string)
+
+
+def base(root: str, repo: str, **extra: Any) -> dict[str, Any]:
+    return {"model_download_root": root, "model_download_repo": repo, "model_download_revision": "main", **extra}
+
+
+def test_converge_downloaded_and_patched(host) -> None:
+    llama = host.file("/srv/vllm/models/vllm-node-test/tiny-llama")
+    assert llama.is_directory and llama.user == "vllm" and llama.mode == 0o750
+    shard = host.file("/srv/vllm/models/vllm-node-test/tiny-llama/model-00001-of-00003.safetensors")
+    assert shard.size == 524504 and shard.user == "vllm" and shard.mode == 0o640
+    assert host.run("sudo -u vllm cat /srv/vllm/models/vllm-node-test/tiny-llama/config.json").rc == 0
+    manifest = json.loads(host.file("/srv/vllm/models/vllm-node-test/tiny-llama/.vllm-node-download.json").content_string)
+    assert manifest["requested_revision"] == "main" and len(manifest["commit"]) == 40
+    marker = json.loads(host.file("/srv/vllm/models/vllm-node-test/tiny-llama/.vllm-node-complete.json").content_string)
+    assert marker["commit"] == manifest["commit"] and marker["verified"] is True and marker["files"] == 11
+    fp8 = "/srv/vllm/models/vllm-node-test/tiny-deepseek-v3-fp8kv"
+    quant = json.loads(host.file(fp8 + "/hf_quant_config.json").content_string)
+    assert "kv_cache_quant_algo" not in quant["quantization"]
+    orig = json.loads(host.file(fp8 + "/hf_quant_config.json.orig").content_string)
+    assert orig["quantization"]["kv_cache_quant_algo"] == "FP8"
+    cfg = json.loads(host.file(fp8 + "/config.json").content_string)
+    assert "kv_cache_scheme" not in cfg["quantization_config"]
+    assert cfg["quantization_config"]["quant_method"] == "modelopt", "only the KV declaration is dropped"
+
+
+def test_complete_model_rerun_fetches_nothing(host) -> None:
+    hub(host, "reset")
+    out = run_play("rerun_complete", base("/srv/vllm/models", "vllm-node-test/tiny-llama"))
+    assert "changed=0" in out, out[-3000:]
+    assert hub(host, "counters")["requests"] == 0, "a complete, recorded model must not touch the hub"
+
+
+def test_metadata_step_first_then_shards_with_disk_refusal(host) -> None:
+    """Metadata alone exposes config + total_size; a too-small filesystem refuses the shards before downloading."""
+    root = "/srv/mp-small"
+    host.run(f"mkdir -p {root} && (mountpoint -q {root} || mount -t tmpfs -o size=3m tmpfs {root})")
+    assert host.mount_point(root).exists, "need a small tmpfs for the disk-space refusal"
+    hub(host, "reset")
+    repo = "vllm-node-test/tiny-deepseek-v3"
+    run_play("metadata_only", base(root, repo, model_download_step="metadata", model_download_disk_margin_bytes=0))
+    res = result(host)
+    assert res["config"]["architectures"] == ["DeepseekV3ForCausalLM"]
+    index = json.loads(host.file(f"{root}/{repo}/model.safetensors.index.json").content_string)
+    assert res["checkpoint_bytes"] == index["metadata"]["total_size"] > 0
+    shards = [p for p in served(host, repo) if p.endswith(".safetensors")]
+    assert shards == [], f"the metadata step fetched shards: {shards}"
+    assert not host.file(f"{root}/{repo}/model-00001-of-00003.safetensors").exists
+    hub(host, "reset")
+    out = run_play("disk_refusal", base(root, repo, model_download_disk_margin_bytes=1048576), expect_ok=False)
+    assert "not enough disk space" in out and "missing" in out and "Nothing was downloaded" in out
+    assert [p for p in served(host, repo) if p.endswith(".safetensors")] == [], "refusal must come before any shard"
+    host.run(f"umount {root}")
+
+
+def test_interrupted_download_resumes_only_the_missing_shard(host) -> None:
+    root, repo = "/srv/mp-resume", "vllm-node-test/tiny-deepseek-v3"
+    host.run(f"rm -rf {root}")
+    hub(host, "reset")
+    big = "model-00001-of-00003.safetensors"
+    hub(host, "drop", {"glob": f"{repo}/{big}", "after_bytes": 1_000_000, "times": 50})
+    out = run_play("interrupted", base(root, repo), expect_ok=False)
+    assert "hf download of" in out and "failed" in out and "run the play again to resume" in out.lower()
+    first = served(host, repo)
+    assert first[big]["drops"] >= 1
+    assert not host.file(f"{root}/{repo}/{big}").exists
+    for other in ("model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"):
+        assert host.file(f"{root}/{repo}/{other}").exists, f"{other} should have survived the interruption"
+    hub(host, "reset")
+    run_play("resumed", base(root, repo))
+    second = served(host, repo)
+    refetched = {p: c["bytes"] for p, c in second.items() if c.get("bytes")}
+    assert set(refetched) == {big}, f"only the interrupted shard may be fetched again, got {refetched}"
+    assert refetched[big] == host.file(f"{root}/{repo}/{big}").size == 2443848
+    TIMINGS["resume_refetched_bytes"] = refetched[big]
+
+
+def test_corrupted_shard_is_detected_and_repaired_on_request(host) -> None:
+    root, repo = "/srv/mp-corrupt", "vllm-node-test/tiny-llama"
+    host.run(f"rm -rf {root}")
+    hub(host, "drop", {"glob": f"{repo}/model-00003-of-00003.safetensors", "after_bytes": 1000, "times": 50})
+    run_play("corrupt_setup", base(root, repo), expect_ok=False)
+    hub(host, "reset")
+    shard = f"{root}/{repo}/model-00001-of-00003.safetensors"
+    # Flip bytes in a finished shard without changing its size or mtime: invisible to `hf download`.
+    flip = (
+        f"python3 -c \"import os;p='{shard}';s=os.stat(p);f=open(p,'r+b');f.seek(4096);b=f.read(8);f.seek(4096);"
+        f"f.write(bytes(x ^ 0xFF for x in b));f.close();os.utime(p,ns=(s.st_atime_ns,s.st_mtime_ns))\""
+    )
+    assert host.run(flip).rc == 0
+    out = run_play("corrupt_detected", base(root, repo), expect_ok=False)
+    assert "failed verification" in out and "model-00001-of-00003.safetensors" in out
+    assert not host.file(f"{root}/{repo}/.vllm-node-complete.json").exists
+    hub(host, "reset")
+    run_play("corrupt_repaired", base(root, repo, model_download_repair=True))
+    assert served(host, repo)["model-00001-of-00003.safetensors"]["bytes"] == 524504
+    assert json.loads(host.file(f"{root}/{repo}/.vllm-node-complete.json").content_string)["verified"] is True
+
+
+def test_private_repo_with_token_leaves_no_trace(host) -> None:
+    root, repo = "/srv/mp-private", "vllm-node-test/tiny-llama-private"
+    host.run(f"rm -rf {root}")
+    out = run_play("private_no_token", base(root, repo, model_download_token=""), expect_ok=False)
+    assert "could not resolve" in out
+    watcher = host.run(  # sample the process table during the download
+        "nohup sh -c 'for i in $(seq 1 400); do ps -eo args >> /tmp/mp-ps.txt; sleep 0.05; done' >/dev/null 2>&1 &"
+    )
+    assert watcher.rc == 0
+    out = run_play("private_token", base(root, repo, model_download_token=TOKEN, model_download_progress_interval=1))
+    assert TOKEN not in out, "the token leaked into the Ansible output"
+    assert "hf download" not in out or "--token" not in out
+    ps_log = host.run("sleep 1; cat /tmp/mp-ps.txt").stdout
+    assert "hf download" in ps_log or "download vllm-node-test/tiny-llama-private" in ps_log, "watcher saw no download"
+    assert TOKEN not in ps_log, "the token was visible in a process's arguments"
+    leaked = host.run(f"grep -rl --exclude-dir=proc --exclude-dir=sys {TOKEN} / 2>/dev/null || true").stdout.split()
+    assert leaked == [], f"token found in files: {leaked}"
+    assert host.file(f"{root}/{repo}/model-00001-of-00003.safetensors").size == 524504
+
+
+def test_patch_follows_the_plan_and_restores(host) -> None:
+    fp8 = "/srv/vllm/models/vllm-node-test/tiny-deepseek-v3-fp8kv"
+    plan = {"attention": "mla", "checkpoint_kv_cache_dtype": "fp8_e4m3", "gpu": "rtx-pro-6000-blackwell"}
+    common = {"mp_download": False, "mp_config": True, "model_config_dir": fp8, "model_config_compute_capability": "12.0"}
+    out = run_play("config_033", {**common, "model_config_plan": {**plan, "vllm_version": "0.33.0",
+                                                                    "checkpoint_kv_cache_dtype_supported": True}})
+    assert result(host)["changes"] == [] and "no rule matched" in out
+    quant = json.loads(host.file(fp8 + "/hf_quant_config.json").content_string)
+    assert quant["quantization"]["kv_cache_quant_algo"] == "FP8", "0.33 supports FP8 MLA KV: originals back"
+    assert host.file(fp8 + "/config.json").sha256sum == host.file(fp8 + "/config.json.orig").sha256sum
+    plan_017 = {**plan, "vllm_version": "0.17.0", "checkpoint_kv_cache_dtype_supported": False}
+    out = run_play("config_017", {**common, "model_config_plan": plan_017})
+    res = result(host)
+    assert sorted(c["path"] for c in res["changes"]) == ["quantization.kv_cache_quant_algo", "quantization_config.kv_cache_scheme"]
+    assert res["rules"] == ["sm120-mla-fp8-kv-before-0.18"] and "rule sm120-mla-fp8-kv-before-0.18" in out
+    out = run_play("config_017_again", {**common, "model_config_plan": plan_017})
+    assert "changed=0" in out, "patching twice must change nothing"
+    run_play("config_restore", {**common, "model_config_plan": plan_017, "model_config_restore_originals": True})
+    assert host.file(fp8 + "/hf_quant_config.json").sha256sum == host.file(fp8 + "/hf_quant_config.json.orig").sha256sum
+    # A plain Llama: the rule does not match whatever the version.
+    llama = "/srv/vllm/models/vllm-node-test/tiny-llama"
+    run_play("config_llama", {**common, "model_config_dir": llama,
+                              "model_config_plan": {"attention": "full", "checkpoint_kv_cache_dtype": None,
+                                                    "vllm_version": "0.17.0", "checkpoint_kv_cache_dtype_supported": True}})
+    assert result(host)["changes"] == [] and not host.file(llama + "/config.json.orig").exists
+    # Back to the converged state (0.17 patch) so that molecule's own state stays consistent.
+    run_play("config_017_final", {**common, "model_config_plan": plan_017})
+
+
+def test_progress_is_printed_for_a_long_download(host) -> None:
+    root, repo = "/srv/mp-big", "vllm-node-test/big-zeros"
+    host.run(f"rm -rf {root}")
+    out = run_play("progress", base(root, repo, model_download_progress_interval=1, model_download_verify=True))
+    lines = [line for line in out.splitlines() if f"{repo}: " in line and "%" in line]
+    assert len(lines) >= 2, "expected several progress lines:\n" + out[-4000:]
+    assert "(100.0 %)" in lines[-1] or "(finished)" in out
+    TIMINGS["progress_lines"] = len(lines)
+    host.run(f"rm -rf {root}")
+
+
+def test_zz_report_timings() -> None:
+    report = PROJECT / "artifacts" / "model_pipeline-timings.json"
+    report.write_text(json.dumps(TIMINGS, indent=2) + "\n")
+    print("model_pipeline timings (s):", json.dumps(TIMINGS))
+    assert TIMINGS

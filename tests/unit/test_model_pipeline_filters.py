@@ -1,0 +1,193 @@
+"""Unit tests of the role-local filter plugins of model_download and model_config (pure Python, no Ansible)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+md = _load("model_download_filters", ROOT / "roles/model_download/filter_plugins/model_download.py")
+mc = _load("model_config_filters", ROOT / "roles/model_config/filter_plugins/model_config.py")
+
+LISTING = [
+    {"type": "file", "path": "config.json", "size": 670},
+    {"type": "file", "path": "model-00001-of-00002.safetensors", "size": 1000},
+    {"type": "file", "path": "model-00002-of-00002.safetensors", "size": 500},
+    {"type": "file", "path": "model.safetensors.index.json", "size": 1727},
+    {"type": "directory", "path": "original"},
+    {"type": "file", "path": "original/consolidated.pth", "size": 9999},
+    {"type": "file", "path": "README.md", "size": 10},
+]
+
+
+def test_select_all_files_without_patterns_drops_folders() -> None:
+    paths = [f["path"] for f in md.select_files(LISTING)]
+    assert "original" not in paths
+    assert len(paths) == 6
+    assert paths == sorted(paths)
+
+
+def test_select_include_exclude_and_trailing_slash() -> None:
+    got = md.select_files(LISTING, include=["*.json", "*.safetensors"], exclude=["model-00002-*"])
+    assert [f["path"] for f in got] == ["config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json"]
+    assert [f["path"] for f in md.select_files(LISTING, exclude=["original/"])] == [
+        "README.md",
+        "config.json",
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+        "model.safetensors.index.json",
+    ]
+
+
+def test_metadata_split_keeps_small_files_only() -> None:
+    files = md.select_files(LISTING)
+    meta = md.split_metadata(files, ["*.json", "tokenizer*"])
+    assert [f["path"] for f in meta] == ["config.json", "model.safetensors.index.json"]
+
+
+def test_missing_detects_absent_and_wrong_size() -> None:
+    files = md.select_files(LISTING, include=["*.safetensors"])
+    local = md.parse_local_listing("1000 model-00001-of-00002.safetensors\n499 model-00002-of-00002.safetensors\n")
+    assert [f["path"] for f in md.missing_files(files, local)] == ["model-00002-of-00002.safetensors"]
+    assert md.total_size(md.missing_files(files, {})) == 1500
+
+
+def test_parse_local_listing_handles_spaces_in_names_and_junk() -> None:
+    assert md.parse_local_listing("12 a b c.json\nbroken line\n\n7 \n") == {"a b c.json": 12}
+
+
+@pytest.mark.parametrize(
+    ("rev", "expected"),
+    [("a" * 40, True), ("main", False), ("A" * 40, False), ("a" * 39, False), ("", False)],
+)
+def test_is_commit(rev: str, expected: bool) -> None:
+    assert md.is_commit(rev) is expected
+
+
+def test_verify_mismatches_parses_hf_output() -> None:
+    text = (
+        "[FAIL] Checksum verification failed for the following file(s):\n"
+        "  - model-00002-of-00003.safetensors: expected abc (sha256), got def\n"
+        "  - sub dir/x.json: expected 123 (git-sha1), got 456\n"
+    )
+    assert md.verify_mismatches(text) == ["model-00002-of-00003.safetensors", "sub dir/x.json"]
+    assert md.verify_mismatches("Verified 12 file(s). All checksums match.") == []
+
+
+def test_progress_line_reports_bytes_percent_and_eta() -> None:
+    line = md.progress_line(512 * 1024**2, 1024**3, 10.0)
+    assert "512.00 MiB / 1.00 GiB (50.0 %)" in line
+    assert "51.20 MiB/s" in line and "ETA 10 s" in line
+    assert "(100.0 %)" in md.progress_line(5, 0, 0)
+
+
+PLAN_017 = {
+    "attention": "mla",
+    "checkpoint_kv_cache_dtype": "fp8_e4m3",
+    "checkpoint_kv_cache_dtype_supported": False,
+    "vllm_version": "0.17.0",
+    "compute_capability": "12.0",
+}
+
+
+def _rules():
+    import yaml
+
+    return yaml.safe_load((ROOT / "roles/model_config/vars/main.yml").read_text())["__model_config_rules"]
+
+
+def test_version_tuple_orders_releases() -> None:
+    assert mc.version_tuple("0.17.1rc2") == (0, 17, 1)
+    assert mc.version_tuple("0.17.0") < mc.version_tuple("0.18.0") < mc.version_tuple("0.33.0")
+
+
+def test_sm120_rule_matches_old_vllm_plan() -> None:
+    assert [r["id"] for r in mc.matching_rules(_rules(), PLAN_017)] == ["sm120-mla-fp8-kv-before-0.18"]
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"checkpoint_kv_cache_dtype_supported": True, "vllm_version": "0.33.0"},
+        {"attention": "full"},
+        {"checkpoint_kv_cache_dtype": None},
+        {"checkpoint_kv_cache_dtype": "bfloat16"},
+        # no verdict in the plan: fall back to SM120 + version; a fixed vLLM or another GPU -> no rule
+        {"checkpoint_kv_cache_dtype_supported": None, "vllm_version": "0.18.0"},
+        {"checkpoint_kv_cache_dtype_supported": None, "compute_capability": "10.0"},
+    ],
+)
+def test_sm120_rule_does_not_match(override: dict) -> None:
+    assert mc.matching_rules(_rules(), {**PLAN_017, **override}) == []
+
+
+def test_sm120_rule_fallback_without_plan_verdict() -> None:
+    facts = {**PLAN_017, "checkpoint_kv_cache_dtype_supported": None}
+    assert len(mc.matching_rules(_rules(), facts)) == 1
+    facts.pop("compute_capability")
+    assert mc.matching_rules(_rules(), facts) == []
+
+
+def test_patch_removes_declared_keys_and_reports_them() -> None:
+    rules = mc.matching_rules(_rules(), PLAN_017)
+    quant = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}
+    res = mc.patch_document(quant, "hf_quant_config.json", rules)
+    assert res["content"] == {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8"}}
+    assert res["changes"] == [
+        {"rule": "sm120-mla-fp8-kv-before-0.18", "file": "hf_quant_config.json",
+         "path": "quantization.kv_cache_quant_algo", "old": "FP8"}
+    ]
+    assert quant["quantization"]["kv_cache_quant_algo"] == "FP8", "input must not be modified"
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"],
+           "quantization_config": {"quant_method": "modelopt", "kv_cache_scheme": {"num_bits": 8, "type": "float"}}}
+    out = mc.patch_all({"config.json": cfg, "hf_quant_config.json": quant}, rules)
+    assert "kv_cache_scheme" not in out["config.json"]["content"]["quantization_config"]
+    assert list(out["config.json"]["content"]) == ["architectures", "quantization_config"], "key order kept"
+
+
+def test_patch_absent_path_is_not_a_change() -> None:
+    rules = mc.matching_rules(_rules(), PLAN_017)
+    assert mc.patch_document({"architectures": []}, "config.json", rules)["changes"] == []
+    assert mc.patch_document({"quantization_config": None}, "config.json", rules)["changes"] == []
+
+
+def test_file_sources_tell_fresh_downloads_from_our_patches() -> None:
+    stats = {
+        "config.json": {"exists": True, "checksum": "patched"},
+        "config.json.orig": {"exists": True, "checksum": "orig"},
+        "hf_quant_config.json": {"exists": True, "checksum": "new-download"},
+        "hf_quant_config.json.orig": {"exists": True, "checksum": "old-orig"},
+        "generation_config.json": {"exists": False},
+        "generation_config.json.orig": {"exists": False},
+    }
+    state = {"files": {"config.json": {"patched_sha1": "patched"}, "hf_quant_config.json": {"patched_sha1": "x"}}}
+    got = {f["name"]: f for f in mc.file_sources(["config.json", "hf_quant_config.json", "generation_config.json"],
+                                                  stats, state)}
+    assert set(got) == {"config.json", "hf_quant_config.json"}
+    assert got["config.json"]["source"] == "config.json.orig" and not got["config.json"]["stale_orig"]
+    assert got["hf_quant_config.json"]["source"] == "hf_quant_config.json" and got["hf_quant_config.json"]["stale_orig"]
+
+
+def test_state_record_keeps_written_files_only() -> None:
+    patches = {"config.json": {"changes": [{"rule": "r1"}, {"rule": "r1"}]}, "hf_quant_config.json": {"changes": []}}
+    written = [{"item": {"name": "config.json"}, "checksum": "abc"}, {"item": {"name": "hf_quant_config.json"}, "skipped": True}]
+    assert mc.state_record(written, patches) == {"files": {"config.json": {"patched_sha1": "abc", "rules": ["r1"]}}}
+
+
+def test_local_listing_counts_kept_originals_for_patched_files() -> None:
+    local = md.parse_local_listing("600 config.json\n670 config.json.orig\n5 other.orig\n")
+    assert local["config.json"] == 670 and local["other.orig"] == 5 and "other" not in local
