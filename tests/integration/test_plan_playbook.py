@@ -114,7 +114,19 @@ def test_story_kv_auto_on_0_17_reports_the_unsupported_checkpoint_kv(tmp_path: P
     assert p is not None, run.out
     assert p["checkpoint_kv_cache_dtype"] == "fp8_e4m3"
     assert p["checkpoint_kv_cache_dtype_supported"] is False
-    assert p["kv_cache_dtype"] != "fp8_e4m3" or p["fits"] is False
+    # The story's workaround, planned: bf16 KV passed explicitly (auto would make vLLM pick fp8 and fail).
+    assert p["kv_cache_dtype"] == "bfloat16"
+    assert p["vllm_args"][p["vllm_args"].index("--kv-cache-dtype") + 1] == "bfloat16"
+    assert run.rc == 0 and p["fits"] is True and p["max_model_len"] >= 131072
+
+
+@pytest.mark.parametrize("version", ["0.17.0", "0.33.0"])
+def test_story_outcome_131072_fits_where_262144_did_not(tmp_path: Path, version: str) -> None:
+    """What happened on the node: bf16 KV at 0.95 failed at 262,144 and served at 131,072."""
+    run = plan(tmp_path, *STORY, "-e", "vllm_node_kv_cache_dtype=bfloat16", "-e", "vllm_node_max_model_len=131072",
+               "-e", "vllm_node_gpu_memory_utilization=0.95", "-e", f"vllm_node_vllm_version={version}")
+    assert run.rc == 0, run.out
+    assert run.plan["fits"] is True and run.plan["max_model_len"] == 131072
 
 
 @pytest.mark.parametrize(("args", "expected"), [
