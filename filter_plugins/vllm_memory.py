@@ -1039,14 +1039,17 @@ def valid_tensor_parallel_sizes(shape: ModelShape, limit: int) -> list[int]:
     return sizes
 
 
-def validate_parallel(shape: ModelShape, tp: int, dcp: int) -> None:
-    """SizingError for a TP that does not divide the heads, or an invalid DCP (vLLM's own checks)."""
+def validate_parallel(shape: ModelShape, tp: int, dcp: int, max_tp: int | None = None) -> None:
+    """SizingError for a TP that does not divide the heads, or an invalid DCP (vLLM's own checks).
+
+    ``max_tp`` (GPUs per pipeline stage, when known) bounds the valid choices the message lists.
+    """
     if tp not in valid_tensor_parallel_sizes(shape, tp):
-        valid = valid_tensor_parallel_sizes(shape, max(tp, 64))
+        valid = valid_tensor_parallel_sizes(shape, max_tp if max_tp else max(tp, 16))
         raise SizingError(
             f"tensor_parallel_size {tp} does not divide the model's {shape.num_heads} attention heads"
             + ("" if shape.mla else f" / {shape.num_kv_heads} KV heads")
-            + f"; valid choices: {', '.join(map(str, [v for v in valid if v <= max(tp, 16)]))}")
+            + f"; valid choices: {', '.join(map(str, valid))}")
     if dcp > 1:
         if tp % dcp:
             raise SizingError(f"decode_context_parallel_size {dcp} must divide tensor_parallel_size {tp}; "
@@ -1259,7 +1262,7 @@ def _resolve_parallel(shape: ModelShape, count: int, tensor_parallel_size: Any, 
         tp = max(valid_tp)
     else:
         tp = _to_int("tensor_parallel_size", tensor_parallel_size)
-        validate_parallel(shape, tp, 1)
+        validate_parallel(shape, tp, 1, max_tp=count // pp)
         if tp * pp > count:
             raise SizingError(f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} needs {tp * pp} GPUs; "
                               f"gpu_count is {count}. Valid TP sizes here: {', '.join(map(str, valid_tp))}")
