@@ -1,6 +1,7 @@
 """State of a node after the vllm_env scenario (converge, idempotence, side_effect)."""
 import hashlib
 import json
+import re
 from pathlib import Path
 
 ROOT = "/opt/vllm"
@@ -38,7 +39,8 @@ def test_links_point_at_the_rolled_back_venv(host):
 def test_venvs_are_root_owned_and_read_only_for_the_service(host):
     for path in (ROOT, f"{ROOT}/venvs", ACTIVE, f"{ACTIVE}/bin/python"):
         assert host.file(path).user == "root", path
-    assert host.run(f"runuser -u vllm -s /bin/sh -- -c 'touch {ACTIVE}/x'").rc != 0
+    denied = host.run(f"cd / && runuser -u vllm -- touch {ACTIVE}/x")
+    assert denied.rc != 0 and "Permission denied" in denied.stderr, denied.stderr
 
 
 def test_build_record_matches_the_repo_requirements(host):
@@ -50,7 +52,7 @@ def test_build_record_matches_the_repo_requirements(host):
 
 
 def test_vllm_imports_as_the_service_user(host):
-    out = run_ok(host, f"runuser -u vllm -s /bin/sh -- -c 'cd / && {ROOT}/current/bin/python -c \"import vllm; print(vllm.__version__)\"'")
+    out = run_ok(host, f"cd / && runuser -u vllm -- {ROOT}/current/bin/python -c 'import vllm; print(vllm.__version__)'")
     assert out.splitlines()[-1] == "0.32.0"
 
 
@@ -61,7 +63,7 @@ def test_vllm_console_script_runs(host):
 
 def test_vllm_serve_help(host):
     out = run_ok(host, f"cd / && VLLM_TARGET_DEVICE=cpu {ROOT}/current/bin/vllm serve --help")
-    assert "--max-model-len" in out
+    assert "usage: vllm serve" in out
 
 
 def test_dist_info_alias_reports_cpu_build(host):
@@ -70,8 +72,9 @@ def test_dist_info_alias_reports_cpu_build(host):
 
 
 def test_hf_cli_present(host):
+    pinned = re.search(r"^huggingface-hub==(\S+)", LOCK.read_text(), re.M).group(1)
     out = run_ok(host, f"{ROOT}/current/bin/hf version")
-    assert "huggingface_hub" in out or out[0].isdigit()
+    assert f"version: {pinned}" in out
 
 
 def test_quirk_packages_absent(host):

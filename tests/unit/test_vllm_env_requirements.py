@@ -1,0 +1,89 @@
+"""The vllm_env role's pinned requirements files are complete, hashed locks that match the role's data:
+every pin has a sha256, each file records the Python it was compiled for, the default (vllm_node.yml) has a file,
+and the cpu variant's unusable distributions (vars/main.yml) are not in its file."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "vllm_env"
+REQ_DIR = ROLE / "files" / "requirements"
+LOCKS = sorted(REQ_DIR.glob("vllm-*.txt"))
+PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+
+
+def parse_lock(text: str) -> dict[str, tuple[str, list[str]]]:
+    """Map each pinned distribution (normalised name) to its version and sha256 hashes."""
+    pins: dict[str, tuple[str, list[str]]] = {}
+    current = None
+    for line in text.splitlines():
+        match = PIN.match(line)
+        if match:
+            current = re.sub(r"[-_.]+", "-", match.group(1)).lower()
+            pins[current] = (match.group(2), [])
+        for digest in re.findall(r"--hash=sha256:([0-9a-f]{64})", line):
+            assert current is not None, f"hash before any pin: {line}"
+            pins[current][1].append(digest)
+    return pins
+
+
+def variants() -> dict:
+    return yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["__vllm_env_variants"]
+
+
+def test_there_are_locks():
+    assert {p.name for p in LOCKS} >= {"vllm-0.33.0-cuda.txt", "vllm-0.32.0-cpu.txt"}
+
+
+@pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
+def test_every_pin_is_hashed(lock: Path):
+    pins = parse_lock(lock.read_text())
+    assert len(pins) > 50
+    unhashed = [name for name, (_, hashes) in pins.items() if not hashes]
+    assert unhashed == []
+    # Anything that is not a pin, a hash, a comment or a continuation would be an unpinned requirement.
+    stray = [line for line in lock.read_text().splitlines()
+             if line.strip() and not PIN.match(line) and not line.lstrip().startswith(("--hash", "#"))]
+    assert stray == []
+
+
+@pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
+def test_lock_matches_its_name_and_input(lock: Path):
+    version, variant = re.fullmatch(r"vllm-(.+)-(\w+)\.txt", lock.name).groups()
+    dist = variants()[variant]["distribution"]
+    assert parse_lock(lock.read_text())[dist][0] == version
+    assert lock.with_suffix(".in").is_file(), "the .in the lock was compiled from is kept beside it"
+    assert re.search(r"--python-version \d+\.\d+", lock.read_text()), "the role reads the target Python from here"
+    assert lock.name in lock.read_text().splitlines()[1], "the header records the command that wrote it"
+
+
+@pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
+def test_variant_uninstall_list_is_not_in_the_lock(lock: Path):
+    variant = re.fullmatch(r"vllm-.+-(\w+)\.txt", lock.name).group(1)
+    pins = parse_lock(lock.read_text())
+    assert [name for name in variants()[variant]["uninstall"] if name in pins] == []
+
+
+def test_cpu_lock_takes_torch_from_the_wheelhouse():
+    version, hashes = parse_lock((REQ_DIR / "vllm-0.32.0-cpu.txt").read_text())["torch"]
+    assert version == "2.13.0+cpu"
+    wheels = list(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
+    if not wheels:
+        pytest.skip("no /opt/wheels torch wheel on this machine")
+    import hashlib
+    assert hashlib.sha256(wheels[0].read_bytes()).hexdigest() in hashes
+
+
+def test_locks_ship_the_hf_cli():
+    for lock in LOCKS:
+        assert "huggingface-hub" in parse_lock(lock.read_text()), lock.name
+
+
+def test_node_default_has_a_lock():
+    knobs = yaml.safe_load((ROOT / "group_vars" / "all" / "vllm_node.yml").read_text())
+    name = f"vllm-{knobs['vllm_node_vllm_version']}-{knobs['vllm_node_vllm_variant']}.txt"
+    assert (REQ_DIR / name).is_file()
