@@ -46,14 +46,14 @@ def run_play(name: str, extra: dict[str, Any], expect_ok: bool = True) -> str:
 
 
 def hub(host, action: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Call a control endpoint of the hub on the node."""
+    """Call a control endpoint of the hub on the node (POST for everything but the counters)."""
+    data = None if action in ("counters", "health") else json.dumps(payload or {}).encode()
     code = (
-        "import json,sys,urllib.request as u;"
-        f"d={json.dumps(json.dumps(payload)) if payload is not None else 'None'};"
-        f"r=u.Request('{HUB}/_control/{action}', data=d.encode() if d else None, method='POST' if d else 'GET');"
+        "import urllib.request as u;"
+        f"r=u.Request({HUB + '/_control/' + action!r}, data={data!r}, method={'GET' if data is None else 'POST'!r});"
         "print(u.urlopen(r).read().decode())"
     )
-    res = host.run(f"python3 -c {json.dumps(code)}")
+    res = host.run("python3 -c " + json.dumps(code))
     assert res.rc == 0, res.stderr
     return json.loads(res.stdout)
 
@@ -144,6 +144,21 @@ def test_interrupted_download_resumes_only_the_missing_shard(host) -> None:
     TIMINGS["resume_refetched_bytes"] = refetched[big]
 
 
+def test_unreachable_hub_with_a_partial_directory_is_not_success(host) -> None:
+    """hf exits 0 ("Returning existing local_dir") when the Hub is down and the directory is not empty."""
+    root, repo = "/srv/mp-offline", "vllm-node-test/tiny-llama"
+    host.run(f"rm -rf {root}")
+    run_play("offline_metadata", base(root, repo, model_download_step="metadata"))
+    assert host.run("systemctl stop hf-hub-fixture.service").rc == 0
+    try:
+        out = run_play("offline_shards", base(root, repo), expect_ok=False)
+    finally:
+        assert host.run("systemctl start hf-hub-fixture.service && sleep 2").rc == 0
+    assert "could not reach" in out or "missing or with a wrong size" in out, out[-3000:]
+    assert not host.file(f"{root}/{repo}/.vllm-node-complete.json").exists
+    host.run(f"rm -rf {root}")
+
+
 def test_corrupted_shard_is_detected_and_repaired_on_request(host) -> None:
     root, repo = "/srv/mp-corrupt", "vllm-node-test/tiny-llama"
     host.run(f"rm -rf {root}")
@@ -171,17 +186,27 @@ def test_private_repo_with_token_leaves_no_trace(host) -> None:
     host.run(f"rm -rf {root}")
     out = run_play("private_no_token", base(root, repo, model_download_token=""), expect_ok=False)
     assert "could not resolve" in out
-    watcher = host.run(  # sample the process table during the download
-        "nohup sh -c 'for i in $(seq 1 400); do ps -eo args >> /tmp/mp-ps.txt; sleep 0.05; done' >/dev/null 2>&1 &"
+    host.run("rm -f /tmp/mp-ps.txt /tmp/mp-ps.stop")
+    watcher = host.run(  # sample the process table (all arguments of every process) during the whole run
+        "nohup sh -c 'while [ ! -e /tmp/mp-ps.stop ]; do ps -eww -o args >> /tmp/mp-ps.txt; sleep 0.1; done' "
+        ">/dev/null 2>&1 &"
     )
     assert watcher.rc == 0
-    out = run_play("private_token", base(root, repo, model_download_token=TOKEN, model_download_progress_interval=1))
+    try:
+        out = run_play("private_token", base(root, repo, model_download_token=TOKEN, model_download_progress_interval=1))
+    finally:
+        host.run("touch /tmp/mp-ps.stop")
     assert TOKEN not in out, "the token leaked into the Ansible output"
-    assert "hf download" not in out or "--token" not in out
+    assert "--token" not in out
     ps_log = host.run("sleep 1; cat /tmp/mp-ps.txt").stdout
-    assert "hf download" in ps_log or "download vllm-node-test/tiny-llama-private" in ps_log, "watcher saw no download"
+    assert "download vllm-node-test/tiny-llama-private" in ps_log, "the watcher never saw the hf process"
     assert TOKEN not in ps_log, "the token was visible in a process's arguments"
-    leaked = host.run(f"grep -rl --exclude-dir=proc --exclude-dir=sys {TOKEN} / 2>/dev/null || true").stdout.split()
+    host.run("rm -f /tmp/mp-ps.txt")
+    # Every file on the node except the hub fixture's own token list (the fake Hub must know the token).
+    leaked = host.run(
+        "grep -rlI --exclude-dir=proc --exclude-dir=sys --exclude-dir=hf-hub-fixture --exclude-dir=hf-hub "
+        f"--exclude-dir=wheels {TOKEN} / 2>/dev/null; grep -rl {TOKEN} /run/log /var/log 2>/dev/null; true"
+    ).stdout.split()
     assert leaked == [], f"token found in files: {leaked}"
     assert host.file(f"{root}/{repo}/model-00001-of-00003.safetensors").size == 524504
 
