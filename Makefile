@@ -8,7 +8,7 @@ export PY_COLORS := 0
 export ANSIBLE_FORCE_COLOR := 0
 
 # Scenarios `make test` runs, in order (cheapest first). Override: make molecule MOLECULE_SCENARIOS="node_facts".
-MOLECULE_SCENARIOS ?= node_facts nvidia_driver vllm_env model_pipeline site_e2e
+MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env model_pipeline site_e2e
 # Base images the scenarios use (built with debootstrap + docker import, cached).
 BASE_IMAGES ?= bookworm noble
 
