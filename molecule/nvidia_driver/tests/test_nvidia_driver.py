@@ -130,3 +130,12 @@ def test_published_facts_come_from_nvidia_smi(host):
                      "pci_bus_id": bus_id}
     assert [g["index"] for g in data["gpus"]] == list(range(8))
     assert data["cuda_home"] == ("/usr/local/cuda-12.8" if name(host) == "nvdrv-bookworm" else "")
+
+
+def test_no_reboot_when_forbidden_and_pending_state_reported(host):
+    """noble's first play had nvidia_driver_reboot: false: packages in, no reboot, facts say a reboot is pending."""
+    if name(host) != "nvdrv-noble":
+        pytest.skip("only the Ubuntu node runs the play with reboots forbidden")
+    first = json.loads(host.file("/var/lib/vllm-node-fake/facts-no-reboot.json").content_string)
+    assert first == {"gpus": [], "version": "", "flavour": "", "installed_version": WANTED, "reboot_required": True}
+    # The one reboot on record is the second play's (test_rebooted_exactly_once_into_the_open_module).
