@@ -253,6 +253,8 @@ def test_failing_config_is_rolled_back(host):
     unit_sum = host.check_output("sha256sum /etc/systemd/system/vllm.service")
     rc, out, seconds = playbook(SCENARIO / "break_service.yml")
     record("vllm_own_kv_failure_and_rollback_seconds", round(seconds, 1))
+    failed_after = re.search(r"did not become healthy on \S+ within (\d+) s", out)
+    record("vllm_own_kv_failure_seconds", int(failed_after.group(1)) if failed_after else None)
     assert rc != 0
     assert "estimated maximum model length" in out
     assert re.search(r"Set vllm_node_max_model_len: \d+", out)
