@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make sure a Docker engine answers and debootstrap exists (the molecule scenarios and `make demo` need both).
+# Make sure a Docker engine answers and debootstrap and gpg exist (the molecule scenarios and `make demo` need them).
 # On Debian/Ubuntu as root: install Debian's docker.io + debootstrap when missing and start dockerd in the
 # background. Elsewhere: stop and print the exact commands to run.
 set -euo pipefail
@@ -8,7 +8,7 @@ DOCKER=/usr/bin/docker
 
 engine_up() { "$DOCKER" info >/dev/null 2>&1; }
 
-if engine_up && command -v debootstrap >/dev/null; then
+if engine_up && command -v debootstrap >/dev/null && command -v gpg >/dev/null; then
   exit 0
 fi
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
@@ -22,6 +22,8 @@ fi
 missing=()
 [ -x /usr/bin/dockerd ] || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
+# The driver scenario signs its stand-in NVIDIA apt repository with a throwaway key.
+command -v gpg >/dev/null || missing+=(gnupg)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "ensure-docker: installing ${missing[*]}"
   apt-get update -qq
