@@ -9,6 +9,8 @@ export ANSIBLE_FORCE_COLOR := 0
 
 # Scenarios `make test` runs, in order (cheapest first). Override: make molecule MOLECULE_SCENARIOS="node_facts".
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env model_pipeline site_e2e
+# 2 = the last (heaviest) scenario runs in its own lane beside the others (see scripts/molecule-lanes.sh).
+MOLECULE_JOBS ?= 2
 # Base images the scenarios use (built with debootstrap + docker import, cached).
 BASE_IMAGES ?= bookworm noble
 
@@ -44,9 +46,7 @@ integration: setup
 	$(call timed,integration,scripts/pytest-strict.sh tests/integration)
 
 molecule: setup images
-	@for s in $(MOLECULE_SCENARIOS); do \
-	  t0=$$(date +%s); molecule test -s $$s; echo "== stage molecule $$s: $$(( $$(date +%s) - t0 )) s"; \
-	done
+	$(call timed,molecule,scripts/molecule-lanes.sh $(MOLECULE_JOBS) $(MOLECULE_SCENARIOS))
 
 test: lint unit integration molecule
 	@echo "== make test: all stages passed"
