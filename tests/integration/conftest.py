@@ -58,6 +58,9 @@ class Hub:
     def drop(self, glob: str, after_bytes: int, times: int) -> None:
         self.json("/_control/drop", "POST", {"glob": glob, "after_bytes": after_bytes, "times": times})
 
+    def throttle(self, glob: str, bytes_per_second: int) -> None:
+        self.json("/_control/throttle", "POST", {"glob": glob, "bytes_per_second": bytes_per_second})
+
     def commit(self, repo: str) -> str:
         return self.json(f"/api/models/{repo}/revision/main")["sha"]
 

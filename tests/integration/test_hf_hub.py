@@ -5,6 +5,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -204,3 +205,26 @@ def test_cache_verify_detects_a_silently_corrupted_file(hub: Hub, tmp_path: Path
     shard.write_bytes((hub.root / repo / shard.name).read_bytes())
     missing = hf(hub, tmp_path, *verify)
     assert missing.returncode != 0 and "tokenizer.json" in missing.stdout + missing.stderr
+
+
+def test_throttle_paces_a_transfer_and_reset_lifts_it(hub: Hub) -> None:
+    """The slow-link switch the progress test relies on: a throttled file arrives no faster than the rate."""
+    path = f"/{ORG}/tiny-deepseek-v3/resolve/main/model-00001-of-00003.safetensors"
+    size = len(hub.request(path)[2])
+    assert size > 256 * 1024
+    rate = size // 2                                   # about 2 s for the whole file
+    hub.throttle("*tiny-deepseek-v3/*.safetensors", rate)
+    try:
+        start = time.monotonic()
+        status, _, body = hub.request(path)
+        elapsed = time.monotonic() - start
+        assert status == 200 and len(body) == size
+        assert elapsed >= 1.5, f"throttled to {rate} B/s but {size} B took {elapsed:.2f} s"
+        assert hub.counters()["throttle_rules"] == [{"glob": "*tiny-deepseek-v3/*.safetensors", "bytes_per_second": rate}]
+    finally:
+        hub.reset()
+    start = time.monotonic()
+    hub.request(path)
+    assert time.monotonic() - start < 1.0
+    status, _, body = hub.request("/_control/throttle", "POST", {"glob": "*", "bytes_per_second": 0})
+    assert status == 400 and b"bytes_per_second" in body

@@ -244,7 +244,11 @@ def test_patch_follows_the_plan_and_restores(host) -> None:
 def test_progress_is_printed_for_a_long_download(host) -> None:
     root, repo = "/srv/mp-big", "vllm-node-test/big-zeros"
     host.run(f"rm -rf {root}")
+    # Pace the 600 MiB shard to 24 MiB/s (~25 s): on a quiet machine the local hub otherwise delivers it
+    # within one poll interval and only the final line would be seen.
+    hub(host, "throttle", {"glob": "*big-zeros/*.safetensors", "bytes_per_second": 24 * 2**20})
     out = run_play("progress", base(root, repo, model_download_progress_interval=1, model_download_verify=True))
+    hub(host, "reset")
     lines = [line for line in out.splitlines() if f"{repo}: " in line and "%" in line]
     assert len(lines) >= 2, "expected several progress lines:\n" + out[-4000:]
     assert "(100.0 %)" in lines[-1] or "(finished)" in out
