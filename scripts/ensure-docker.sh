@@ -19,8 +19,10 @@ ensure-docker: a running Docker engine and debootstrap are needed. Run as root (
 MSG
   exit 1
 fi
+# Debian's docker.io puts the engine in /usr/sbin, which a non-login PATH may lack.
+find_dockerd() { PATH="$PATH:/usr/sbin:/usr/bin:/sbin" command -v dockerd || true; }
 missing=()
-[ -x /usr/bin/dockerd ] || missing+=(docker.io)
+[ -n "$(find_dockerd)" ] || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
 # The driver scenario signs its stand-in NVIDIA apt repository with a throwaway key.
 command -v gpg >/dev/null || missing+=(gnupg)
@@ -33,8 +35,14 @@ fi
 if ! engine_up; then
   echo "ensure-docker: starting dockerd"
   if [ -d /run/systemd/system ] && systemctl start docker 2>/dev/null; then :; else
-    nohup /usr/bin/dockerd >/var/log/dockerd.log 2>&1 &
+    dockerd_bin=$(find_dockerd)
+    [ -n "$dockerd_bin" ] || { echo "ensure-docker: docker.io is installed but no dockerd binary was found" >&2; exit 1; }
+    nohup "$dockerd_bin" >/var/log/dockerd.log 2>&1 &
   fi
-  for _ in $(seq 1 60); do engine_up && break; sleep 1; done
-  engine_up || { echo "ensure-docker: dockerd did not come up; see /var/log/dockerd.log" >&2; exit 1; }
+  for _ in $(seq 1 90); do engine_up && break; sleep 1; done
+  if ! engine_up; then
+    echo "ensure-docker: dockerd did not come up within 90 s; the end of /var/log/dockerd.log:" >&2
+    tail -n 30 /var/log/dockerd.log >&2 || true
+    exit 1
+  fi
 fi
