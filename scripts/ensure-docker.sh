@@ -3,8 +3,12 @@
 # On Debian/Ubuntu as root: install Debian's docker.io + debootstrap when missing and start dockerd in the
 # background. Elsewhere: stop and print the exact commands to run.
 set -euo pipefail
-DOCKER=/usr/bin/docker
+# The overrides exist for tests/unit/test_foundation.py, which runs this script against stand-in tools.
+DOCKER=${ENSURE_DOCKER_CLIENT:-/usr/bin/docker}
 [ -x "$DOCKER" ] || DOCKER=$(command -v docker || echo /usr/bin/docker)
+SBIN_DIRS=${ENSURE_DOCKER_SBIN_DIRS:-/usr/sbin:/usr/bin:/sbin}
+WAIT_SECONDS=${ENSURE_DOCKER_WAIT_SECONDS:-90}
+LOG=${ENSURE_DOCKER_LOG:-/var/log/dockerd.log}
 
 engine_up() { "$DOCKER" info >/dev/null 2>&1; }
 
@@ -20,7 +24,7 @@ MSG
   exit 1
 fi
 # Debian's docker.io puts the engine in /usr/sbin, which a non-login PATH may lack.
-find_dockerd() { PATH="$PATH:/usr/sbin:/usr/bin:/sbin" command -v dockerd || true; }
+find_dockerd() { PATH="$PATH:$SBIN_DIRS" command -v dockerd || true; }
 missing=()
 [ -n "$(find_dockerd)" ] || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
@@ -30,19 +34,19 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "ensure-docker: installing ${missing[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  DOCKER=/usr/bin/docker
+  DOCKER=${ENSURE_DOCKER_CLIENT:-/usr/bin/docker}
 fi
 if ! engine_up; then
   echo "ensure-docker: starting dockerd"
-  if [ -d /run/systemd/system ] && systemctl start docker 2>/dev/null; then :; else
+  if [ -z "${ENSURE_DOCKER_CLIENT:-}" ] && [ -d /run/systemd/system ] && systemctl start docker 2>/dev/null; then :; else
     dockerd_bin=$(find_dockerd)
     [ -n "$dockerd_bin" ] || { echo "ensure-docker: docker.io is installed but no dockerd binary was found" >&2; exit 1; }
-    nohup "$dockerd_bin" >/var/log/dockerd.log 2>&1 &
+    nohup "$dockerd_bin" >"$LOG" 2>&1 &
   fi
-  for _ in $(seq 1 90); do engine_up && break; sleep 1; done
+  for _ in $(seq 1 "$WAIT_SECONDS"); do engine_up && break; sleep 1; done
   if ! engine_up; then
-    echo "ensure-docker: dockerd did not come up within 90 s; the end of /var/log/dockerd.log:" >&2
-    tail -n 30 /var/log/dockerd.log >&2 || true
+    echo "ensure-docker: dockerd did not come up within $WAIT_SECONDS s; the end of $LOG:" >&2
+    tail -n 30 "$LOG" >&2 || true
     exit 1
   fi
 fi

@@ -75,3 +75,57 @@ def test_shell_scripts_parse(script: Path) -> None:
     """Every shell script at least parses (bash -n) and is executable."""
     assert os.access(script, os.X_OK), f"{script} is not executable"
     subprocess.run(["bash", "-n", str(script)], check=True)
+
+
+def _stand_in(path: Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def _ensure_docker(tmp_path: Path, dockerd_body: str, wait_seconds: int) -> subprocess.CompletedProcess:
+    """Run scripts/ensure-docker.sh with stand-in docker tools; dockerd lives only in an sbin folder off PATH.
+
+    The stand-in client answers `docker info` once the stand-in engine has written its ready marker, the way
+    the real client answers once dockerd listens. apt-get must not run: every tool is present.
+    """
+    bindir, sbindir = tmp_path / "bin", tmp_path / "sbin"
+    bindir.mkdir()
+    sbindir.mkdir()
+    ready = tmp_path / "engine-ready"
+    _stand_in(bindir / "docker", f'[ "$1" = info ] && [ -e {ready} ]\n')
+    _stand_in(bindir / "debootstrap", "exit 0\n")
+    _stand_in(bindir / "gpg", "exit 0\n")
+    _stand_in(bindir / "apt-get", 'echo "apt-get ran: $*" >&2; exit 1\n')
+    _stand_in(sbindir / "dockerd", dockerd_body.replace("READY", str(ready)))
+    env = {
+        "PATH": f"{bindir}:/usr/bin:/bin",
+        "ENSURE_DOCKER_CLIENT": str(bindir / "docker"),
+        "ENSURE_DOCKER_SBIN_DIRS": str(sbindir),
+        "ENSURE_DOCKER_WAIT_SECONDS": str(wait_seconds),
+        "ENSURE_DOCKER_LOG": str(tmp_path / "dockerd.log"),
+    }
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "ensure-docker.sh")],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="ensure-docker only starts an engine as root")
+
+
+@needs_root
+def test_ensure_docker_starts_a_dockerd_that_is_not_on_path(tmp_path: Path) -> None:
+    """Debian's docker.io installs dockerd in /usr/sbin; the script must find and start it there (CI once failed on this)."""
+    result = _ensure_docker(tmp_path, "touch READY\n", wait_seconds=10)
+    assert result.returncode == 0, result.stderr
+    assert "starting dockerd" in result.stdout
+    assert "apt-get ran" not in result.stderr
+
+
+@needs_root
+def test_ensure_docker_reports_the_log_when_dockerd_dies(tmp_path: Path) -> None:
+    """An engine that exits at once fails the script within the wait, with the engine's own last words shown."""
+    result = _ensure_docker(tmp_path, 'echo "failed to start daemon: stand-in storage error"; exit 1\n', wait_seconds=2)
+    assert result.returncode == 1
+    assert "did not come up within 2 s" in result.stderr
+    assert "stand-in storage error" in result.stderr
