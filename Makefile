@@ -9,8 +9,8 @@ export ANSIBLE_FORCE_COLOR := 0
 
 # Scenarios `make test` runs, in order (cheapest first). Override: make molecule MOLECULE_SCENARIOS="node_facts".
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env model_pipeline site_e2e
-# 2 = the heavy scenarios run in one lane beside the others (see scripts/molecule-lanes.sh); measured from a
-# fresh clone: model_pipeline ~17 min + site_e2e ~21 min against ~28 min for the other four.
+# 2 = the heavy scenarios run in one lane beside the others (see scripts/molecule-lanes.sh); measured in a cold
+# .ci/run on an idle 2-core machine: model_pipeline 17 min + site_e2e 12 min against 20 min for the other four.
 MOLECULE_JOBS ?= 2
 MOLECULE_HEAVY ?= model_pipeline site_e2e
 # Base images the scenarios use (built with debootstrap + docker import, cached).
