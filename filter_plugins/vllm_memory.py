@@ -133,6 +133,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 __all__ = [
     "vllm_kv_cache_bytes",
     "vllm_max_model_len",
@@ -195,22 +197,12 @@ def _gib(num_bytes: float) -> str:
 
 
 def _version_tuple(version: Any) -> tuple[int, ...]:
-    """'0.33.0' / '0.15.2rc1.dev93+g11' -> (0, 33, 0); leading digits of each part only."""
-    parts: list[int] = []
-    for piece in str(version).split(".")[:3]:
-        digits = ""
-        for ch in piece:
-            if not ch.isdigit():
-                break
-            digits += ch
-        if not digits:
-            break
-        parts.append(int(digits))
-    if not parts:
-        raise SizingError(f"vllm_version {version!r} is not a version like '0.33.0'")
-    while len(parts) < 3:
-        parts.append(0)
-    return tuple(parts)
+    """'0.33.0' / '0.15.2rc1.dev93+g11' -> (0, 33, 0): the PEP 440 release part, padded to three numbers."""
+    try:
+        release = Version(str(version)).release
+    except InvalidVersion as exc:
+        raise SizingError(f"vllm_version {version!r} is not a version like '0.33.0'") from exc
+    return (release + (0, 0, 0))[:3]
 
 
 def _cc_tuple(cc: Any) -> tuple[int, int] | None:

@@ -113,6 +113,8 @@ def _rules():
 def test_version_tuple_orders_releases() -> None:
     assert mc.version_tuple("0.17.1rc2") == (0, 17, 1)
     assert mc.version_tuple("0.17.0") < mc.version_tuple("0.18.0") < mc.version_tuple("0.33.0")
+    assert mc.version_tuple("0.18") == mc.version_tuple("0.18.0")
+    assert mc.version_tuple("0.15.2rc1.dev93+g11") == (0, 15, 2)
 
 
 def test_sm120_rule_matches_old_vllm_plan() -> None:

@@ -91,6 +91,13 @@ def test_story_auto_kv_on_0_17_falls_back_to_bf16_explicitly():
         plan(vllm_version="0.17.0", kv_cache_dtype="fp8")
 
 
+def test_a_vllm_version_that_is_not_a_version_is_refused_by_name():
+    """'latest' or a typo must not silently pick the oldest or newest rules."""
+    assert plan(vllm_version="0.33")["max_model_len"] == plan(vllm_version="0.33.0")["max_model_len"]
+    with pytest.raises(ValueError, match=r"vllm_version 'latest' is not a version like '0\.33\.0'"):
+        plan(vllm_version="latest")
+
+
 def test_weights_estimate_is_calibrated_on_the_story():
     """vLLM reported 70.81 GiB per GPU; the estimate must be within 1 % and not below (conservative)."""
     p = plan(kv_cache_dtype="bfloat16", max_model_len=131072, gpu_memory_utilization=0.95)
