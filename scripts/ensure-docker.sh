@@ -42,10 +42,20 @@ if ! engine_up; then
     dockerd_bin=$(find_dockerd)
     [ -n "$dockerd_bin" ] || { echo "ensure-docker: docker.io is installed but no dockerd binary was found" >&2; exit 1; }
     nohup "$dockerd_bin" >"$LOG" 2>&1 &
+    dockerd_pid=$!
   fi
-  for _ in $(seq 1 "$WAIT_SECONDS"); do engine_up && break; sleep 1; done
+  # Stop waiting as soon as an engine we started has exited: its log already says why.
+  for _ in $(seq 1 "$WAIT_SECONDS"); do
+    engine_up && break
+    [ -z "${dockerd_pid:-}" ] || kill -0 "$dockerd_pid" 2>/dev/null || break
+    sleep 1
+  done
   if ! engine_up; then
-    echo "ensure-docker: dockerd did not come up within $WAIT_SECONDS s; the end of $LOG:" >&2
+    if [ -n "${dockerd_pid:-}" ] && ! kill -0 "$dockerd_pid" 2>/dev/null; then
+      echo "ensure-docker: dockerd exited before it answered; the end of $LOG:" >&2
+    else
+      echo "ensure-docker: dockerd did not come up within $WAIT_SECONDS s; the end of $LOG:" >&2
+    fi
     tail -n 30 "$LOG" >&2 || true
     exit 1
   fi

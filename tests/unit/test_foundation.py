@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -124,8 +125,10 @@ def test_ensure_docker_starts_a_dockerd_that_is_not_on_path(tmp_path: Path) -> N
 
 @needs_root
 def test_ensure_docker_reports_the_log_when_dockerd_dies(tmp_path: Path) -> None:
-    """An engine that exits at once fails the script within the wait, with the engine's own last words shown."""
-    result = _ensure_docker(tmp_path, 'echo "failed to start daemon: stand-in storage error"; exit 1\n', wait_seconds=2)
+    """An engine that exits at once fails the script without sitting out the wait, with its own last words shown."""
+    started = time.monotonic()
+    result = _ensure_docker(tmp_path, 'echo "failed to start daemon: stand-in storage error"; exit 1\n', wait_seconds=30)
+    assert time.monotonic() - started < 15
     assert result.returncode == 1
-    assert "did not come up within 2 s" in result.stderr
+    assert "dockerd exited before it answered" in result.stderr
     assert "stand-in storage error" in result.stderr
