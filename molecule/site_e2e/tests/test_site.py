@@ -96,6 +96,14 @@ def logged_kv_tokens(host) -> int:
     return int(found[-1].replace(",", ""))
 
 
+def check_kv_tokens_match(host, label: str) -> None:
+    """The plan's KV tokens vs vLLM's logged "CPU KV cache size" within 1 % (recorded as kv_tokens_<label>)."""
+    planned = plan()["kv"]["tokens"]
+    actual = logged_kv_tokens(host)
+    record(f"kv_tokens_{label}", {"plan": planned, "vllm": actual, "relative": (actual - planned) / planned})
+    assert abs(actual - planned) / planned <= 0.01
+
+
 def wait_healthy(host, timeout: int = 1500) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
@@ -188,10 +196,7 @@ def test_hardening_exposure(host):
 
 def test_plan_kv_tokens_match_vllm_gqa(host):
     """tiny Llama (GQA): the plan's KV tokens vs vLLM's logged "CPU KV cache size" within 1 %."""
-    planned = plan()["kv"]["tokens"]
-    actual = logged_kv_tokens(host)
-    record("kv_tokens_tiny_llama", {"plan": planned, "vllm": actual, "relative": (actual - planned) / planned})
-    assert abs(actual - planned) / planned <= 0.01
+    check_kv_tokens_match(host, "tiny_llama")
     checked = report()
     assert checked["failures"] == []
     assert checked["stream"]["time_to_first_token_s"] is not None
@@ -239,11 +244,8 @@ def test_mla_model_kv_tokens_match(host):
     after = unit(host)
     assert after["InvocationID"] != before["InvocationID"]
     assert out.count("RUNNING HANDLER [vllm_service : Restart vllm]") == 1
-    planned = plan()["kv"]["tokens"]
     assert plan()["attention"] == "mla"
-    actual = logged_kv_tokens(host)
-    record("kv_tokens_tiny_deepseek_v3", {"plan": planned, "vllm": actual, "relative": (actual - planned) / planned})
-    assert abs(actual - planned) / planned <= 0.01
+    check_kv_tokens_match(host, "tiny_deepseek_v3")
     assert report()["failures"] == []
 
 
