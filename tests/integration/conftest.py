@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-sys.path.insert(0, str(FIXTURES))
 
-import tiny_models  # noqa: E402  (needs the path above)
+import tiny_models
 
 
 @pytest.fixture(scope="session")

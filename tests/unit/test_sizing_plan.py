@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "filter_plugins"))
 
-import sizing_groundtruth as gt  # noqa: E402
-import vllm_memory as vm  # noqa: E402
+import sizing_groundtruth as gt
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory as vm
 from test_sizing_kv import KIMI, TINY_LLAMA  # noqa: E402
 
 GiB = 1 << 30
@@ -219,7 +218,7 @@ def test_plan_follows_the_house_contract_and_is_json():
 
 
 def test_plan_from_the_filter_wrapper():
-    import vllm_sizing
+    from ansible_collections.vllm_node.vllm_node.plugins.filter import sizing as vllm_sizing
 
     memory_plan = vllm_sizing.FilterModule().filters()["vllm_memory_plan"]
     assert memory_plan(KIMI, **STORY)["max_model_len"] == 262144

@@ -8,10 +8,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "filter_plugins"))
 
-import sizing_groundtruth as gt  # noqa: E402
-import vllm_memory as vm  # noqa: E402
+import sizing_groundtruth as gt
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory as vm
 from test_sizing_kv import KIMI, TINY_DSV3, TINY_LLAMA  # noqa: E402
 
 GiB = 1 << 30

@@ -17,9 +17,8 @@ import pytest
 from tokenizers import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-sys.path.insert(0, str(FIXTURES))
 
-import tiny_models  # noqa: E402
+import tiny_models
 
 ORG = "vllm-node-test"
 REPOS = ["tiny-llama", "tiny-llama-private", "tiny-deepseek-v3", "tiny-deepseek-v3-fp8kv"]

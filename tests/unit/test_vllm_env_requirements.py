@@ -84,6 +84,6 @@ def test_locks_ship_the_hf_cli():
 
 
 def test_node_default_has_a_lock():
-    knobs = yaml.safe_load((ROOT / "group_vars" / "all" / "vllm_node.yml").read_text())
+    knobs = yaml.safe_load((ROOT / "roles" / "vllm_node" / "defaults" / "main.yml").read_text())
     name = f"vllm-{knobs['vllm_node_vllm_version']}-{knobs['vllm_node_vllm_variant']}.txt"
     assert (REQ_DIR / name).is_file()

@@ -29,6 +29,7 @@ def run_play(name: str, extra: dict[str, Any], expect_ok: bool = True) -> str:
         json.dump(extra, handle)
     env = dict(os.environ)
     env["ANSIBLE_ROLES_PATH"] = str(PROJECT / "roles")
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(PROJECT / "collections")
     env["ANSIBLE_CONFIG"] = str(PROJECT / "ansible.cfg")
     env["ANSIBLE_FORCE_COLOR"] = "0"
     env["ANSIBLE_NOCOLOR"] = "1"

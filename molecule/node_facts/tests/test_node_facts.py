@@ -20,6 +20,7 @@ def ansible_playbook(host: Any, *args: str, all_nodes: bool = False) -> subproce
     """ansible-playbook from the controller venv against this test's node (or every node of the scenario, in
     parallel), through molecule's own inventory (docker connection)."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
+               ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
                ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
     env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
     inventory = host.backend.ansible_inventory

@@ -43,7 +43,7 @@ def playbook(path: Path, *extra: str, timeout: int = 2400) -> tuple[int, str, fl
     env = dict(os.environ)
     env.update(
         ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
-        ANSIBLE_FILTER_PLUGINS=str(PROJECT / "filter_plugins"),
+        ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"),
         ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
         ANSIBLE_FORCE_COLOR="0",
     )

@@ -526,8 +526,8 @@ def default_releases() -> dict:
 
         import yaml  # PyYAML ships with Ansible
 
-        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "group_vars", "all", "vllm_releases.yml")
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "roles", "vllm_node", "vars", "main", "vllm_releases.yml")
         with open(path, encoding="utf-8") as handle:
             _RELEASES_CACHE = yaml.safe_load(handle)["vllm_node_vllm_releases"]
     return _RELEASES_CACHE
@@ -1680,9 +1680,3 @@ def _fit_options(config: dict, shape: ModelShape, layout_kwargs: dict, layout: K
         advice.append(f"Lower --max-model-len to {nice:,} (the largest safe length is {safe:,}).")
     return {"short": short, "advice": advice}
 
-
-class FilterModule:
-    """No filters here: Ansible loads every .py in filter_plugins/, the filters live in vllm_sizing.py."""
-
-    def filters(self) -> dict:
-        return {}

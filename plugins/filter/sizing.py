@@ -1,4 +1,4 @@
-"""Ansible filters for vLLM memory sizing: thin wrappers around filter_plugins/vllm_memory.py.
+"""Ansible filters for vLLM memory sizing: thin wrappers around plugins/module_utils/vllm_memory.py.
 
 Usage (see vllm_memory's docstring for every keyword argument and the plan schema)::
 
@@ -14,14 +14,9 @@ Bad input raises AnsibleFilterError carrying the maths' message (what is wrong a
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any, Callable
 
-# Ansible loads filter plugins by path, not as a package: make the sibling pure module importable.
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import vllm_memory  # noqa: E402  (after the path tweak on purpose)
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory
 
 try:
     from ansible.errors import AnsibleFilterError
