@@ -132,3 +132,14 @@ def test_ensure_docker_reports_the_log_when_dockerd_dies(tmp_path: Path) -> None
     assert result.returncode == 1
     assert "dockerd exited before it answered" in result.stderr
     assert "stand-in storage error" in result.stderr
+
+
+def test_the_collection_stub_stays_links_to_the_checkout() -> None:
+    """collections/ must point back at the repository: molecule's prerun would replace the links with an installed
+    (stale) copy, which is why .config/molecule/config.yml turns it off for every scenario."""
+    stub = REPO / "collections" / "ansible_collections" / "vllm_node" / "vllm_node"
+    entries = sorted(stub.iterdir())
+    assert entries and all(p.is_symlink() for p in entries), [p.name for p in entries if not p.is_symlink()]
+    assert {p.name for p in entries} >= {"galaxy.yml", "plugins", "roles", "playbooks", "meta"}
+    base = (REPO / ".config" / "molecule" / "config.yml").read_text()
+    assert re.search(r"^prerun: false$", base, re.M)
