@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
@@ -107,9 +108,8 @@ def load_golden() -> dict[str, str]:
 
 
 if __name__ == "__main__" and "--write" in sys.argv:
-    from sizing_groundtruth import load_releases
-
     from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing import SizingError, memory_plan
+    from sizing_groundtruth import load_releases
 
     GOLDEN.write_text(json.dumps(run(memory_plan, SizingError, load_releases()), indent=0, sort_keys=True) + "\n",
                       encoding="utf-8")
