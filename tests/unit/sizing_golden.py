@@ -50,8 +50,11 @@ CPU_KNOBS: list[dict[str, Any]] = [
 
 
 def load_catalog() -> tuple[dict[str, Any], dict[str, Any]]:
-    models = yaml.safe_load((CATALOG / "models.yml").read_text(encoding="utf-8"))["vllm_node_models"]
-    gpus = yaml.safe_load((CATALOG / "gpus.yml").read_text(encoding="utf-8"))["vllm_node_gpus"]
+    models = yaml.safe_load((CATALOG / "models.yml").read_text(encoding="utf-8"))["vllm_node_catalog_models"]
+    # The tiny test models are a user's vllm_node_extra_models (tests/fixtures/catalog/models.yml).
+    extra = yaml.safe_load((ROOT / "tests/fixtures/catalog/models.yml").read_text(encoding="utf-8"))
+    models = {**models, **extra["vllm_node_extra_models"]}
+    gpus = yaml.safe_load((CATALOG / "gpus.yml").read_text(encoding="utf-8"))["vllm_node_catalog_gpus"]
     return models, gpus
 
 
