@@ -136,10 +136,11 @@ def test_ensure_docker_reports_the_log_when_dockerd_dies(tmp_path: Path) -> None
 
 def test_the_collection_stub_stays_links_to_the_checkout() -> None:
     """collections/ must point back at the repository: molecule's prerun would replace the links with an installed
-    (stale) copy, which is why .config/molecule/config.yml turns it off for every scenario."""
+    (stale) copy, which is why every scenario turns it off."""
     stub = REPO / "collections" / "ansible_collections" / "vllm_node" / "vllm_node"
     entries = sorted(stub.iterdir())
     assert entries and all(p.is_symlink() for p in entries), [p.name for p in entries if not p.is_symlink()]
     assert {p.name for p in entries} >= {"galaxy.yml", "plugins", "roles", "playbooks", "meta"}
-    base = (REPO / ".config" / "molecule" / "config.yml").read_text()
-    assert re.search(r"^prerun: false$", base, re.M)
+    with_prerun = [p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")
+                   if not re.search(r"^prerun: false$", p.read_text(), re.M)]
+    assert with_prerun == []
