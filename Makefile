@@ -38,8 +38,9 @@ docker:
 images: docker
 	$(call timed,images,bash tests/images/build-base-images.sh $(BASE_IMAGES))
 
+# ruff, mypy, shellcheck, yamllint, ansible-lint (scripts/lint.sh).
 lint: setup
-	$(call timed,lint,yamllint --strict . && ansible-lint --offline --profile production)
+	$(call timed,lint,bash scripts/lint.sh)
 
 unit: setup
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)

@@ -18,9 +18,10 @@ find_python() {
     [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 && supported "$(command -v "$c")" && { command -v "$c"; return; }
   done
   # pyenv installs (present on these build machines) without relying on a shim being active.
-  for c in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python 2>/dev/null | sort -rV); do
+  # Newest first; an unmatched glob stays literal and fails the probe.
+  while IFS= read -r c; do
     supported "$c" && { echo "$c"; return; }
-  done
+  done < <(printf '%s\n' "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.1[2-9]*/bin/python | sort -rV)
   return 1
 }
 

@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -116,7 +115,10 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="ensure-docker only st
 
 @needs_root
 def test_ensure_docker_starts_a_dockerd_that_is_not_on_path(tmp_path: Path) -> None:
-    """Debian's docker.io installs dockerd in /usr/sbin; the script must find and start it there (CI once failed on this)."""
+    """Debian's docker.io installs dockerd in /usr/sbin; the script must find and start it there.
+
+    CI once failed on this.
+    """
     result = _ensure_docker(tmp_path, "touch READY\n", wait_seconds=10)
     assert result.returncode == 0, result.stderr
     assert "starting dockerd" in result.stdout
@@ -127,7 +129,8 @@ def test_ensure_docker_starts_a_dockerd_that_is_not_on_path(tmp_path: Path) -> N
 def test_ensure_docker_reports_the_log_when_dockerd_dies(tmp_path: Path) -> None:
     """An engine that exits at once fails the script without sitting out the wait, with its own last words shown."""
     started = time.monotonic()
-    result = _ensure_docker(tmp_path, 'echo "failed to start daemon: stand-in storage error"; exit 1\n', wait_seconds=30)
+    dies = 'echo "failed to start daemon: stand-in storage error"; exit 1\n'
+    result = _ensure_docker(tmp_path, dies, wait_seconds=30)
     assert time.monotonic() - started < 15
     assert result.returncode == 1
     assert "dockerd exited before it answered" in result.stderr
