@@ -21,12 +21,13 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup docker images fixtures lint unit integration molecule test demo plan clean
+.PHONY: help setup docker images fixtures lint docs unit integration molecule test demo plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
 	@echo "make test   everything CI runs: lint, unit, integration, molecule scenarios"
 	@echo "make plan   size a deployment, e.g. make plan ARGS='-e vllm_node_model=kimi-k2.5-nvfp4 ...'"
+	@echo "make docs   regenerate the role READMEs' variable tables from meta/argument_specs.yml"
 	@echo "make lint | unit | integration | molecule | images | setup"
 
 setup:
@@ -38,9 +39,12 @@ docker:
 images: docker
 	$(call timed,images,bash tests/images/build-base-images.sh $(BASE_IMAGES))
 
-# ruff, mypy, shellcheck, yamllint, ansible-lint (scripts/lint.sh).
+# ruff, mypy, shellcheck, role README tables vs argument_specs, yamllint, ansible-lint (scripts/lint.sh).
 lint: setup
 	$(call timed,lint,bash scripts/lint.sh)
+
+docs: setup
+	@bash scripts/role-docs.sh
 
 unit: setup
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)

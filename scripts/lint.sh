@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every linter of `make lint`, each timed. All of them run; the script fails when any failed, naming which.
-# Tools come from requirements.txt (.venv); settings: pyproject.toml (ruff, mypy), .yamllint, .ansible-lint.
+# Tools come from requirements.txt (.venv); settings: pyproject.toml (ruff, mypy), .yamllint, .ansible-lint,
+# .aar_doc.yml (role README tables).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +30,7 @@ mapfile -t scripts < <(shell_scripts)
 run ruff ruff check --no-cache .
 run mypy mypy
 run shellcheck shellcheck "${scripts[@]}"
+run role-docs bash scripts/role-docs.sh --check
 run yamllint yamllint --strict .
 run ansible-lint ansible-lint --offline --profile production
 
