@@ -24,12 +24,13 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup docker images wheelhouse fixtures lint unit integration molecule test demo plan clean
+.PHONY: help setup docker images wheelhouse fixtures lint docs unit integration molecule test demo plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
 	@echo "make test   everything CI runs: lint, unit, integration, molecule scenarios"
 	@echo "make plan   size a deployment, e.g. make plan ARGS='-e vllm_node_model=kimi-k2.5-nvfp4 ...'"
+	@echo "make docs   regenerate the role READMEs' variable tables from meta/argument_specs.yml"
 	@echo "make lint | unit | integration | molecule | images | wheelhouse | setup"
 
 setup:
@@ -45,8 +46,12 @@ images: docker
 wheelhouse: setup
 	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
 
+# ruff, mypy, shellcheck, role README tables vs argument_specs, yamllint, ansible-lint (scripts/lint.sh).
 lint: setup
-	$(call timed,lint,yamllint --strict . && ansible-lint --offline --profile production)
+	$(call timed,lint,bash scripts/lint.sh)
+
+docs: setup
+	@bash scripts/role-docs.sh
 
 unit: setup
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)
