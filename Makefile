@@ -44,7 +44,8 @@ lint: setup
 unit: setup
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)
 
-integration: setup
+# images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container.
+integration: setup images
 	$(call timed,integration,scripts/pytest-strict.sh tests/integration)
 
 molecule: setup images
