@@ -51,7 +51,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     assert build.returncode == 0, build.stdout + build.stderr
     (tarball,) = dist.glob("vllm_node-vllm_node-*.tar.gz")
     install = subprocess.run([str(BIN / "ansible-galaxy"), "collection", "install", str(tarball),
-                              "-p", str(collections)], cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
+                              "-p", str(collections)],
+                             cwd=workdir, env=env, capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stdout + install.stderr
     yield Installed(tarball, collections, workdir)
 
