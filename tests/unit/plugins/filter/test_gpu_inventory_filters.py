@@ -34,8 +34,10 @@ def expected_records(data: str = "gpus.json") -> list[dict[str, Any]]:
              "pci_device_id": g["pci_device_id"]} for g in gpus]
 
 
-def test_node_facts_asks_for_the_fields_the_parser_expects() -> None:
-    assert NODE_FACTS_FIELDS == list(gf.gpu_inventory.NVIDIA_SMI_FIELDS)
+def test_both_roles_ask_nvidia_smi_for_the_same_fields() -> None:
+    """One query, one schema: node_facts_gpus and nvidia_driver_gpus are the same records."""
+    driver_vars = yaml.safe_load((ROOT / "roles/nvidia_driver/vars/main.yml").read_text())
+    assert NODE_FACTS_FIELDS == list(gf.gpu_inventory.NVIDIA_SMI_FIELDS) == driver_vars["__nvidia_driver_smi_fields"]
 
 
 def test_nvidia_smi_answer_of_the_simulated_node() -> None:
