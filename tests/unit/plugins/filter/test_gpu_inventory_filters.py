@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[4]
 GPU_NODE = ROOT / "tests" / "fixtures" / "gpu_node"
 FILTERS = gf.FilterModule().filters()
 NODE_FACTS_FIELDS = yaml.safe_load((ROOT / "roles/node_facts/vars/main.yml").read_text())["__node_facts_smi_fields"]
-CATALOG = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/gpus.yml").read_text())["vllm_node_gpus"]
+CATALOG = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/gpus.yml").read_text())["vllm_node_catalog_gpus"]
 
 
 def tool(name: str, *args: str, data: str = "gpus.json") -> subprocess.CompletedProcess[str]:
