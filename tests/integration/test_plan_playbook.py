@@ -233,6 +233,19 @@ def test_cpu_plan_from_the_generated_files_matches_vllms_log(tmp_path: Path, hub
     assert abs(p["kv"]["tokens"] - vllm_tokens) <= 0.01 * vllm_tokens
 
 
+def test_config_dir_without_an_index_is_sized_by_its_shards(tmp_path: Path, hub: Path) -> None:
+    """The node's fallback rule on the controller too: no index beside config.json -> the sum of the shards."""
+    model = tmp_path / "tiny-llama-no-index"
+    model.mkdir()
+    shards = sorted((hub / "tiny-llama").glob("*.safetensors"))
+    for src in [hub / "tiny-llama" / "config.json", *shards]:
+        (model / src.name).write_bytes(src.read_bytes())
+    run = plan(tmp_path, "-e", f"vllm_node_model_config={model / 'config.json'}", "-e", "vllm_node_gpu=cpu",
+               "-e", "vllm_node_vllm_variant=cpu", "-e", "vllm_node_max_model_len=4096")
+    assert run.rc == 0, run.out
+    assert len(shards) == 3 and run.plan["checkpoint_bytes"] == sum(p.stat().st_size for p in shards)
+
+
 def test_fp8kv_test_model_plans_fp8_from_its_quant_config(tmp_path: Path, hub: Path) -> None:
     run = plan(tmp_path, "-e", f"vllm_node_model_config={hub / 'tiny-deepseek-v3-fp8kv' / 'config.json'}",
                "-e", "vllm_node_gpu=rtx-pro-6000-blackwell", "-e", "vllm_node_gpu_count=1")

@@ -188,6 +188,9 @@ def test_private_repo_with_token_leaves_no_trace(host) -> None:
     host.run(f"rm -rf {root}")
     out = run_play("private_no_token", base(root, repo, model_download_token=""), expect_ok=False)
     assert "could not resolve" in out
+    # The metadata step alone (site.yml runs it before the re-plan, which may refuse and end the play there).
+    out = run_play("private_metadata", base(root, repo, model_download_token=TOKEN, model_download_step="metadata"))
+    assert TOKEN not in out and not host.file("/var/lib/vllm-node/hf-home/token").exists, "token file left behind"
     host.run("rm -f /tmp/mp-ps.txt /tmp/mp-ps.stop")
     watcher = host.run(  # sample the process table (all arguments of every process) during the whole run
         "nohup sh -c 'while [ ! -e /tmp/mp-ps.stop ]; do ps -eww -o args >> /tmp/mp-ps.txt; sleep 0.1; done' "
