@@ -5,7 +5,7 @@ the vLLM version. The KV arithmetic is vLLM 0.33's own logic, re-implemented (kv
 kv_cache_planning.py grouping / page unification / null block / binary search, kv_cache_utils.py token
 count, platform block-size rules); the non-KV memory (activations, CUDA graphs, driver) is a calibrated,
 conservative estimate (CALIBRATION below). Version-dependent knowledge comes from data:
-group_vars/all/vllm_releases.yml (``vllm_node_vllm_releases``); when ``releases`` is not passed the file is
+roles/vllm_node/vars/main/vllm_releases.yml (``vllm_node_vllm_releases``); when ``releases`` is not passed the file is
 loaded from the repository.
 
 Public functions (exposed as Ansible filters by ``filter_plugins/vllm_sizing.py``)
@@ -155,7 +155,7 @@ Ground truth that states weights: the deployment story (nvidia/Kimi-K2.5-NVFP4, 
 the non-KV estimate is bracketed by the story: at util 0.95 the budget is ceil(95.59 GiB * 0.95) = 90.81 GiB,
 minus 70.81 GiB weights = 20.0 GiB for activations + CUDA graphs + KV.  131,072 bf16 tokens need 8.58 GiB and
 262,144 need 17.16 GiB (+ one null block), so the real overhead lies between 2.84 and 11.4 GiB.
-Model used here (group_vars/all/vllm_releases.yml sizing_estimates):
+Model used here (roles/vllm_node/vars/main/vllm_releases.yml sizing_estimates):
   weights  = 591e9 / 8 = 68.80 GiB + layers vLLM keeps whole on every rank (ReplicatedLinear): MLA q_a/kv_a
              projections 61 x 7168 x 2112 x 2 B x 7/8 = 1.50 GiB and MoE routers 60 x 7168 x 384 x 2 B x 7/8
              = 0.28 GiB, + 1 % margin (0.69 GiB) = 71.27 GiB  (+0.65 % vs the 70.81 GiB vLLM reported)
@@ -513,13 +513,13 @@ def model_shape(config: dict) -> ModelShape:
 
 
 # ----------------------------------------------------------------------------------------------
-# releases data (group_vars/all/vllm_releases.yml is the single source; loaded when none is passed)
+# releases data (roles/vllm_node/vars/main/vllm_releases.yml is the single source; loaded when none is passed)
 # ----------------------------------------------------------------------------------------------
 _RELEASES_CACHE: dict | None = None
 
 
 def default_releases() -> dict:
-    """`vllm_node_vllm_releases` from group_vars/all/vllm_releases.yml next to this plugin directory."""
+    """`vllm_node_vllm_releases` from the collection's roles/vllm_node/vars/main/vllm_releases.yml."""
     global _RELEASES_CACHE
     if _RELEASES_CACHE is None:
         import os

@@ -20,6 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
+# The generated test models are not in the product catalog: merged like a user's own models.
+TEST_MODELS = ("-e", f"@{ROOT / 'tests/fixtures/catalog/models.yml'}")
 STORY = ("-e", "vllm_node_model=kimi-k2.5-nvfp4", "-e", "vllm_node_gpu=rtx-pro-6000-blackwell",
          "-e", "vllm_node_gpu_count=8")
 # "Fails in seconds": generous for 2 shared cores, still far below vLLM's ~24 minutes (download + load).
@@ -131,7 +133,7 @@ def test_story_outcome_131072_fits_where_262144_did_not(tmp_path: Path, version:
 
 @pytest.mark.parametrize(("args", "expected"), [
     (("-e", "vllm_node_model=kimi-k3", "-e", "vllm_node_gpu=b200", "-e", "vllm_node_gpu_count=8"),
-     ["Unknown model 'kimi-k3'", "kimi-k2.5-nvfp4", "tiny-llama"]),
+     ["Unknown model 'kimi-k3'", "kimi-k2.5-nvfp4", "qwen3-235b-a22b", "vllm_node_extra_models"]),
     (("-e", "vllm_node_model=kimi-k2.5-nvfp4", "-e", "vllm_node_gpu=rtx-6000", "-e", "vllm_node_gpu_count=8"),
      ["Unknown GPU 'rtx-6000'", "rtx-pro-6000-blackwell", "b200"]),
     (("-e", "vllm_node_model=kimi-k2.5-nvfp4", "-e", "vllm_node_gpu_count=8"),
@@ -143,8 +145,12 @@ def test_story_outcome_131072_fits_where_262144_did_not(tmp_path: Path, version:
     ((*STORY, "-e", "vllm_node_max_model_len=128k"),
      ["vllm_node_max_model_len must be auto or a positive integer", "'128k'"]),
     ((*STORY, "-e", "vllm_node_kv_cache_dtype=int8"),
-     ["preflight_kv_cache_dtype", "bfloat16", "fp8_e4m3"]),
-    (("-e", "vllm_node_model=tiny-llama", "-e", "vllm_node_gpu=rtx-pro-6000-blackwell", "-e", "vllm_node_gpu_count=1",
+     ["vllm_node_kv_cache_dtype", "bfloat16", "fp8_e4m3"]),
+    ((*STORY, "-e", '{"vllm_node_extra_models": {"mine": {"repo": "acme/Mine-8B", "config": {}}}}'),
+     ["vllm_node_extra_models['mine'].checkpoint_bytes is missing", "metadata.total_size",
+      "vllm_node_extra_models['mine'].config is not a non-empty mapping"]),
+    ((*TEST_MODELS, "-e", "vllm_node_model=tiny-llama", "-e", "vllm_node_gpu=rtx-pro-6000-blackwell",
+      "-e", "vllm_node_gpu_count=1",
       "-e", "vllm_node_vllm_variant=cpu"),
      ["vllm_node_vllm_variant=cpu", "cpu build runs only on the cpu device"]),
 ])

@@ -10,10 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 PLAYBOOK = ROOT / "tests/integration/playbooks/preflight_node.yml"
+# The generated test models, merged as a user's own models would be.
+TEST_MODELS = yaml.safe_load((ROOT / "tests/fixtures/catalog/models.yml").read_text())["vllm_node_extra_models"]
 
 
 def node_gpus(count: int = 8, **override: Any) -> list[dict[str, Any]]:
@@ -86,6 +89,7 @@ def test_more_gpus_than_the_node_has_is_refused(tmp_path: Path) -> None:
 def test_cpu_build_on_a_gpu_node_plans_the_cpu_device(tmp_path: Path) -> None:
     """The demo: simulated GPUs are present, but the CPU build serves, so the plan is for the cpu device."""
     rc, out, plan = preflight(tmp_path, node_gpus(), vllm_node_vllm_variant="cpu", vllm_node_model="tiny-llama",
+                              vllm_node_extra_models=TEST_MODELS,
                               vllm_node_kv_cache_dtype="auto", vllm_node_max_model_len=4096)
     assert rc == 0, out
     assert (plan["gpu"], plan["device"], plan["gpu_count"]) == ("cpu", "cpu", 1)

@@ -1,5 +1,7 @@
-"""The model and GPU catalogs (group_vars/all/models.yml, gpus.yml) are well-formed data that the sizing
-filters and the preflight role can rely on, and the test models' entries equal what the generator writes."""
+"""The model and GPU catalogs (roles/vllm_node/vars/main/models.yml, gpus.yml) and the test models' catalog
+(tests/fixtures/catalog/models.yml, merged through vllm_node_extra_models) are well-formed data that the sizing
+filters and the preflight role can rely on; the test models' entries equal what the generator writes, and no
+test model is in the product catalog."""
 from __future__ import annotations
 
 import json
@@ -15,8 +17,15 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory
 
-MODELS: dict[str, Any] = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/models.yml").read_text())["vllm_node_models"]
-GPUS: dict[str, Any] = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/gpus.yml").read_text())["vllm_node_gpus"]
+from ansible_collections.vllm_node.vllm_node.plugins.filter import catalog
+
+PRODUCT: dict[str, Any] = yaml.safe_load(
+    (ROOT / "roles/vllm_node/vars/main/models.yml").read_text())["vllm_node_catalog_models"]
+FIXTURE: dict[str, Any] = yaml.safe_load(
+    (ROOT / "tests/fixtures/catalog/models.yml").read_text())["vllm_node_extra_models"]
+# What the roles see when the fixture is merged (the demo inventory, the tests): both catalogs, checked alike.
+MODELS: dict[str, Any] = {**PRODUCT, **FIXTURE}
+GPUS: dict[str, Any] = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/gpus.yml").read_text())["vllm_node_catalog_gpus"]
 TINY = ("tiny-llama", "tiny-llama-private", "tiny-deepseek-v3", "tiny-deepseek-v3-fp8kv")
 
 
@@ -27,8 +36,28 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def test_required_models_are_catalogued() -> None:
     for key in ("kimi-k2.5-nvfp4", "deepseek-v3.1", "qwen3-235b-a22b", "llama-3.1-70b-instruct",
-                "llama-3.1-405b-instruct", "gpt-oss-120b", "glm-4.6-fp8", "qwen3-next-80b-a3b-instruct", *TINY):
-        assert key in MODELS, key
+                "llama-3.1-405b-instruct", "gpt-oss-120b", "glm-4.6-fp8", "qwen3-next-80b-a3b-instruct"):
+        assert key in PRODUCT, key
+    assert set(FIXTURE) == set(TINY)
+
+
+def test_test_models_stay_out_of_the_product_catalog() -> None:
+    """The product ships real models only; the generated ones live in the fixture and are merged by the tests."""
+    assert not set(PRODUCT) & set(FIXTURE)
+    assert not [key for key, entry in PRODUCT.items() if entry["repo"].startswith("vllm-node-test/")]
+    product_defaults = (ROOT / "roles/preflight/defaults/main.yml").read_text()
+    assert not [key for key in TINY if key in product_defaults], "the planner's fallback model is a test fixture"
+
+
+@pytest.mark.parametrize("key", sorted(MODELS))
+def test_model_entry_passes_the_roles_shape_check(key: str) -> None:
+    """The check the vllm_node role runs on vllm_node_extra_models accepts every shipped and fixture entry."""
+    assert catalog.model_entry_errors(key, MODELS[key]) == []
+
+
+@pytest.mark.parametrize("key", sorted(GPUS))
+def test_gpu_entry_passes_the_roles_shape_check(key: str) -> None:
+    assert catalog.gpu_entry_errors(key, GPUS[key]) == []
 
 
 @pytest.mark.parametrize("key", sorted(MODELS))
