@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """Action plugin: watch a starting vLLM unit until it is healthy, failed or out of time, printing progress.
 
 Runs the read-only module vllm_node.vllm_node.vllm_service_probe on the node step after step (each step watches
@@ -68,7 +67,8 @@ class ActionModule(ActionBase):
         probe: dict = {}
         steps = 0
         try:
-            for steps in range(1, max_steps(args["timeout"], args["interval"]) + 1):
+            for _ in range(max_steps(args["timeout"], args["interval"])):
+                steps += 1
                 probe = self._execute_module(module_name=PROBE, module_args=probe_args, task_vars=task_vars)
                 if probe.get("failed"):
                     break

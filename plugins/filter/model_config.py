@@ -17,17 +17,9 @@ import copy
 import re
 from typing import Any
 
-from packaging.version import Version
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.versions import version_tuple
 
 _SUFFIXES = ("_regex", "_lt", "_ge", "_major_in")
-
-
-def version_tuple(version: str) -> tuple[int, ...]:
-    """'0.17.1rc2' -> (0, 17, 1); '0.18' -> (0, 18, 0): the PEP 440 release part, padded to three numbers.
-
-    Pre-releases compare as their release: a 0.18.0rc1 build already carries the 0.18 behaviour the rules test for.
-    """
-    return (Version(str(version)).release + (0, 0, 0))[:3]
 
 
 def _holds(key: str, expected: Any, facts: dict[str, Any]) -> bool:

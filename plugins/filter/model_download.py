@@ -1,13 +1,16 @@
-"""Pure helpers for the model_download role: file selection and size bookkeeping.
+"""Pure helpers for the model_download role: file selection, size bookkeeping and the planner's inputs.
 
-Kept free of Ansible state so they can be unit-tested (tests/unit/test_model_download_filters.py).
+Kept free of Ansible state so they can be unit-tested (tests/unit/test_model_pipeline_filters.py).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import posixpath
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+from ansible.errors import AnsibleFilterError
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 
@@ -51,13 +54,25 @@ def split_metadata(files: list[dict[str, Any]], metadata_patterns: Iterable[str]
     return [f for f in files if any(fnmatch.fnmatch(f["path"], p) for p in patterns)]
 
 
-def parse_local_listing(text: str) -> dict[str, int]:
-    """Parse `find DIR -type f -printf '%s %P\\n'` output (size, space, relative path) into {path: size}."""
+def local_sizes(found: list[dict[str, Any]], root: str) -> dict[str, int]:
+    """Index the regular files listed by `ansible.builtin.find` (recurse, hidden) under root as {relative path: size}.
+
+    hf's own bookkeeping below <root>/.cache is left out: it is not part of the model.
+    """
+    base = posixpath.normpath(root)
     sizes: dict[str, int] = {}
-    for line in text.splitlines():
-        size, sep, path = line.partition(" ")
-        if sep and path and size.isdigit():
-            sizes[path] = int(size)
+    for entry in found or []:
+        path, size = entry.get("path"), entry.get("size")
+        if not path or not isinstance(size, int):
+            continue
+        rel = posixpath.relpath(posixpath.normpath(path), base)
+        if rel == ".." or rel.startswith("../"):
+            raise AnsibleFilterError(
+                f"model_download_local_sizes: {path} is not below {root}; list the files of the model directory itself"
+            )
+        if rel == ".cache" or rel.startswith(".cache/"):
+            continue
+        sizes[rel] = size
     # model_config keeps the pristine file as <file>.orig beside its patched copy: the original is what the Hub
     # served, so its size stands for the file (a patched config is not a missing or broken download).
     for path in [p for p in sizes if p.endswith(".orig")]:
@@ -88,7 +103,8 @@ def verify_mismatches(text: str) -> list[str]:
 
 def progress_line(done: int, total: int, elapsed: float) -> str:
     """One progress line: bytes, percent, rate and ETA (total may be 0)."""
-    done = max(0, min(done, total)) if total > 0 else done  # du also counts hf's own small bookkeeping files
+    # The directory probe also counts hf's own small bookkeeping files: never report more than the total.
+    done = max(0, min(done, total)) if total > 0 else done
     pct = 100.0 if total <= 0 else 100.0 * done / total
     rate = done / elapsed if elapsed > 0 else 0.0
     eta = (total - done) / rate if rate > 0 and total > done else 0.0
@@ -96,6 +112,48 @@ def progress_line(done: int, total: int, elapsed: float) -> str:
         f"{_human(done)} / {_human(total)} ({pct:.1f} %), {_human(rate)}/s, "
         f"elapsed {int(elapsed)} s, ETA {int(eta)} s"
     )
+
+
+def planner_inputs(
+    config: Mapping[str, Any] | None,
+    index: Mapping[str, Any] | None = None,
+    quant: Mapping[str, Any] | None = None,
+    files: Iterable[Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The sizing plan's inputs from a model's config.json, index, hf_quant_config.json and file list.
+
+    One rule for the checkpoint size: the index's metadata.total_size when it is positive, else the sum of the
+    *.safetensors sizes in files ([{path, size}]: the Hub listing or a local directory listing), else 0 (the
+    planner then falls back to the catalog's checkpoint_bytes).
+    Returns {config, quant_config, checkpoint_bytes, checkpoint_bytes_source: index | shards | none}.
+    """
+    for name, doc in (("config.json", config), ("model.safetensors.index.json", index), ("hf_quant_config.json", quant)):
+        if doc is not None and not isinstance(doc, Mapping):
+            raise AnsibleFilterError(
+                f"model_download_planner_inputs: {name} must hold a JSON object, got {type(doc).__name__}; "
+                "point at the model's own file (re-download it if it is damaged)"
+            )
+    metadata = (index or {}).get("metadata") or {}
+    total = metadata.get("total_size") if isinstance(metadata, Mapping) else None
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+        raise AnsibleFilterError(
+            f"model_download_planner_inputs: model.safetensors.index.json metadata.total_size must be a non-negative "
+            f"integer, got {total!r}; fix or remove the index (the size then comes from the shards)"
+        )
+    shards = [f for f in files or [] if str(f.get("path", "")).endswith(".safetensors")]
+    shard_bytes = total_size(shards)
+    if total:
+        checkpoint, source = total, "index"
+    elif shard_bytes > 0:
+        checkpoint, source = shard_bytes, "shards"
+    else:
+        checkpoint, source = 0, "none"
+    return {
+        "config": dict(config or {}),
+        "quant_config": dict(quant or {}),
+        "checkpoint_bytes": checkpoint,
+        "checkpoint_bytes_source": source,
+    }
 
 
 def _human(num: float) -> str:
@@ -114,11 +172,12 @@ class FilterModule:
         return {
             "model_download_select": select_files,
             "model_download_metadata": split_metadata,
-            "model_download_local_sizes": parse_local_listing,
+            "model_download_local_sizes": local_sizes,
             "model_download_missing": missing_files,
             "model_download_total": total_size,
             "model_download_is_commit": is_commit,
             "model_download_verify_mismatches": verify_mismatches,
             "model_download_progress": progress_line,
             "model_download_human": _human,
+            "model_download_planner_inputs": planner_inputs,
         }

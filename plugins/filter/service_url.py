@@ -1,5 +1,4 @@
-# -*- coding: utf-8 -*-
-"""Filter service_url: the base URL the node itself uses to reach vLLM (one rule for vllm_service and inference_check)."""
+"""Filter service_url: the base URL the node uses to reach vLLM (one rule for vllm_service and inference_check)."""
 
 from __future__ import annotations
 

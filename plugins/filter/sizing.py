@@ -1,22 +1,17 @@
-"""Ansible filters for vLLM memory sizing: thin wrappers around plugins/module_utils/vllm_memory.py.
+"""Ansible filters for vLLM memory sizing: thin wrappers around plugins/module_utils/sizing/.
 
-Usage (see vllm_memory's docstring for every keyword argument and the plan schema)::
-
-    {{ model.config | vllm_kv_cache_bytes(131072, tensor_parallel_size=8, kv_cache_dtype='bfloat16') }}
-    {{ model.config | vllm_max_model_len(available_bytes, tensor_parallel_size=8) }}
-    {{ model.config | vllm_kv_cache_tokens(available_bytes, 131072, tensor_parallel_size=8) }}
-    {{ model.config | vllm_memory_plan(releases=vllm_node_vllm_releases, gpu=vllm_node_gpus[key],
-                                       gpu_count=8, checkpoint_bytes=model.checkpoint_bytes, quant=model.quant,
-                                       max_model_len=vllm_node_max_model_len, ...) }}
-
-Bad input raises AnsibleFilterError carrying the maths' message (what is wrong and the valid choices).
+vllm_kv_cache_bytes, vllm_max_model_len, vllm_kv_cache_tokens and vllm_memory_plan; each is documented in
+its sidecar file plugins/filter/<name>.yml (`ansible-doc -t filter vllm_node.vllm_node.<name>`). Every
+filter takes ``releases=vllm_node_vllm_releases``: the maths reads no files. Bad input raises
+AnsibleFilterError carrying the maths' message (what is wrong and the valid choices).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
 
 try:
     from ansible.errors import AnsibleFilterError
@@ -41,14 +36,14 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _wrap(func: Callable[..., Any]) -> Callable[..., Any]:
+def _wrap(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     def filter_func(config: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return func(_plain(config), *[_plain(a) for a in args], **{k: _plain(v) for k, v in kwargs.items()})
-        except vllm_memory.SizingError as exc:
+        except sizing.SizingError as exc:
             raise AnsibleFilterError(str(exc)) from exc   # Ansible names the filter itself
 
-    filter_func.__name__ = func.__name__
+    filter_func.__name__ = name
     filter_func.__doc__ = func.__doc__
     return filter_func
 
@@ -58,8 +53,8 @@ class FilterModule:
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
-            "vllm_kv_cache_bytes": _wrap(vllm_memory.vllm_kv_cache_bytes),
-            "vllm_max_model_len": _wrap(vllm_memory.vllm_max_model_len),
-            "vllm_kv_cache_tokens": _wrap(vllm_memory.vllm_kv_cache_tokens),
-            "vllm_memory_plan": _wrap(vllm_memory.vllm_memory_plan),
+            "vllm_kv_cache_bytes": _wrap("vllm_kv_cache_bytes", sizing.kv_cache_bytes),
+            "vllm_max_model_len": _wrap("vllm_max_model_len", sizing.max_model_len),
+            "vllm_kv_cache_tokens": _wrap("vllm_kv_cache_tokens", sizing.kv_cache_tokens),
+            "vllm_memory_plan": _wrap("vllm_memory_plan", sizing.memory_plan),
         }

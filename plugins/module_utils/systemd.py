@@ -1,9 +1,8 @@
-# -*- coding: utf-8 -*-
 """systemd helpers shared by the modules: one `systemctl show` call and one parser for its output."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Optional
+from collections.abc import Callable, Iterable
 
 # run_command(argv) -> (rc, stdout, stderr), e.g. AnsibleModule.run_command
 Runner = Callable[[list], tuple]
@@ -19,7 +18,7 @@ def parse_show(text: str) -> dict[str, str]:
     return out
 
 
-def unix_time(value: Optional[str]) -> Optional[int]:
+def unix_time(value: str | None) -> int | None:
     """A `--timestamp=unix` property ('@1764600000') as int seconds; None when empty or not a time."""
     stamp = (value or "").strip().lstrip("@")
     return int(stamp) if stamp.isdigit() else None

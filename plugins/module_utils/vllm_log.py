@@ -1,4 +1,3 @@
-# -*- coding: utf-8 -*-
 """What vLLM's journal lines say: loading progress, the root cause of a failed start, its startup numbers.
 
 Pure functions over lists of lines (no I/O), shared by vllm_service_probe and inference_check_measure.
@@ -7,7 +6,7 @@ Pure functions over lists of lines (no I/O), shared by vllm_service_probe and in
 from __future__ import annotations
 
 import re
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 # Lines worth showing while vLLM loads (shard loading, memory, KV cache, compile, readiness).
 PROGRESS_RE = re.compile(
@@ -17,7 +16,9 @@ PROGRESS_RE = re.compile(
     r"Starting vLLM API server|Application startup complete|Started vllm|Starting vllm"
 )
 EXCEPTION_RE = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
-SYSTEMD_FAIL_RE = re.compile(r"Main process exited|Failed with result|Control process exited|Start-post operation timed out")
+SYSTEMD_FAIL_RE = re.compile(
+    r"Main process exited|Failed with result|Control process exited|Start-post operation timed out"
+)
 # Warnings that merely mention an exception name (e.g. the fd-limit hint naming OSError) are not causes.
 NOISE_RE = re.compile(r"\b(WARNING|INFO|DEBUG)\b")
 MAX_SEQ_RE = re.compile(r"max seq len \((\d+)\)")
@@ -69,7 +70,7 @@ def root_cause(lines: list[str], limit: int = 6) -> list[str]:
     return causes + verdict
 
 
-def kv_cache_error(lines: list[str]) -> Optional[dict]:
+def kv_cache_error(lines: list[str]) -> dict | None:
     """vLLM's "max seq len ... estimated maximum model length is E" error as numbers, else None."""
     for line in reversed(lines):
         estimated = ESTIMATED_RE.search(line)

@@ -134,14 +134,16 @@ unit:
   type: dict
 """
 
+import contextlib
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Iterable, Optional
 from urllib.error import HTTPError
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import systemd
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_log import parse_startup
 
@@ -213,10 +215,8 @@ def request(url: str, key: Optional[str] = None, body: Optional[dict] = None, ti
     except Exception as exc:  # pylint: disable=broad-except  # URLError, socket timeout, reset: "no answer"
         answer["error"] = str(exc)
         return answer
-    try:
+    with contextlib.suppress(ValueError):  # not every answer is JSON (e.g. a proxy's error page)
         answer["json"] = json.loads(answer["text"])
-    except ValueError:
-        pass
     return answer
 
 
@@ -268,7 +268,7 @@ def stream_completion(url: str, key: Optional[str], model: str, prompt: str, max
 
 def probe_endpoint(url: str, key: Optional[str], model: str, prompt: str, max_tokens: int, timeout: int) -> dict:
     """Every request of the check, as answers: health, models, anonymous, chat, and the stream (when chat worked)."""
-    observed = {
+    observed: dict[str, Any] = {
         "health": request(f"{url}/health"),
         "models": request(f"{url}/v1/models", key),
         "anonymous": request(f"{url}/v1/models"),
@@ -461,7 +461,7 @@ def main() -> None:
     failures = verdict(observed, pva, p["model"], p["require_reasoning"], p["reasoning_parser"],
                        p["enforce_plan"], p["kv_tolerance"])
     unit = unit_times(state)
-    report = build_report(p["host"], datetime.now(timezone.utc).isoformat(), url, p["model"], p["plan"], observed,
+    report = build_report(p["host"], datetime.now(UTC).isoformat(), url, p["model"], p["plan"], observed,
                           startup, unit, pva, failures)
     module.exit_json(
         changed=False, passed=not failures, failures=failures, report=report, stream=observed["stream"],

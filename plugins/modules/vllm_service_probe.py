@@ -152,6 +152,7 @@ from typing import Optional
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import systemd, vllm_log
 
 PROPERTIES = (
@@ -210,6 +211,7 @@ def main() -> None:
             return systemd.show(module.run_command, unit, PROPERTIES)
         except RuntimeError as exc:
             module.fail_json(msg=str(exc))
+            raise  # not reached: fail_json exits
 
     def pending_job() -> bool:
         rc, out, _err = module.run_command(["systemctl", "list-jobs", "--no-legend", unit])

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Documentation of the action plugin plugins/action/vllm_service_wait.py (the code runs on the controller)."""
 
 from __future__ import annotations

@@ -81,7 +81,8 @@ def test_story_262144_bf16_is_refused_in_seconds_with_a_safe_length(tmp_path: Pa
 
 
 def test_story_without_max_model_len_recommends_a_safe_length(tmp_path: Path) -> None:
-    run = plan(tmp_path, *STORY, "-e", "vllm_node_kv_cache_dtype=bfloat16", "-e", "vllm_node_gpu_memory_utilization=0.95")
+    run = plan(tmp_path, *STORY, "-e", "vllm_node_kv_cache_dtype=bfloat16",
+               "-e", "vllm_node_gpu_memory_utilization=0.95")
     assert run.rc == 0, run.out
     p = run.plan
     assert p is not None and p["fits"] is True
@@ -154,7 +155,9 @@ def test_story_outcome_131072_fits_where_262144_did_not(tmp_path: Path, version:
       "-e", "vllm_node_vllm_variant=cpu"),
      ["vllm_node_vllm_variant=cpu", "cpu build runs only on the cpu device"]),
 ])
-def test_bad_inputs_are_named_with_the_valid_choices(tmp_path: Path, args: tuple[str, ...], expected: list[str]) -> None:
+def test_bad_inputs_are_named_with_the_valid_choices(
+    tmp_path: Path, args: tuple[str, ...], expected: list[str]
+) -> None:
     run = plan(tmp_path, *args)
     assert run.rc != 0, run.out
     text = one_line(run.out)
@@ -200,7 +203,8 @@ def test_config_json_with_missing_fields_is_refused(tmp_path: Path) -> None:
 
 def test_config_json_without_a_size_asks_for_checkpoint_bytes(tmp_path: Path) -> None:
     path = write_config(tmp_path, "unsized", {"num_hidden_layers": 2, "num_attention_heads": 4})
-    run = plan(tmp_path, "-e", f"vllm_node_model_config={path}", "-e", "vllm_node_gpu=l40s", "-e", "vllm_node_gpu_count=1")
+    run = plan(tmp_path, "-e", f"vllm_node_model_config={path}",
+               "-e", "vllm_node_gpu=l40s", "-e", "vllm_node_gpu_count=1")
     assert run.rc != 0
     assert "vllm_node_checkpoint_bytes" in one_line(run.out)
 
@@ -231,6 +235,19 @@ def test_cpu_plan_from_the_generated_files_matches_vllms_log(tmp_path: Path, hub
     assert p["device"] == "cpu" and p["environment"].get("VLLM_CPU_KVCACHE_SPACE") == "1"
     assert p["kv"]["bytes_per_token"] == bytes_per_token
     assert abs(p["kv"]["tokens"] - vllm_tokens) <= 0.01 * vllm_tokens
+
+
+def test_config_dir_without_an_index_is_sized_by_its_shards(tmp_path: Path, hub: Path) -> None:
+    """The node's fallback rule on the controller too: no index beside config.json -> the sum of the shards."""
+    model = tmp_path / "tiny-llama-no-index"
+    model.mkdir()
+    shards = sorted((hub / "tiny-llama").glob("*.safetensors"))
+    for src in [hub / "tiny-llama" / "config.json", *shards]:
+        (model / src.name).write_bytes(src.read_bytes())
+    run = plan(tmp_path, "-e", f"vllm_node_model_config={model / 'config.json'}", "-e", "vllm_node_gpu=cpu",
+               "-e", "vllm_node_vllm_variant=cpu", "-e", "vllm_node_max_model_len=4096")
+    assert run.rc == 0, run.out
+    assert len(shards) == 3 and run.plan["checkpoint_bytes"] == sum(p.stat().st_size for p in shards)
 
 
 def test_fp8kv_test_model_plans_fp8_from_its_quant_config(tmp_path: Path, hub: Path) -> None:

@@ -9,16 +9,17 @@ and why some are not, is decided HERE, case by case, in CASE_RULES. Run directly
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory as vm
+ROOT = Path(__file__).resolve().parents[2]
 
 GiB = 1 << 30
 TOLERANCE = 0.01   # 1 %
@@ -34,9 +35,15 @@ def load_cases() -> list[dict]:
     raise FileNotFoundError("vllm-startup-reports.yaml not found in: " + ", ".join(map(str, _CANDIDATES)))
 
 
-def load_releases() -> dict:
+@functools.cache
+def _releases_file() -> dict:
     with open(ROOT / "roles" / "vllm_node" / "vars" / "main" / "vllm_releases.yml", encoding="utf-8") as handle:
         return yaml.safe_load(handle)["vllm_node_vllm_releases"]
+
+
+def load_releases() -> dict:
+    """vllm_node_vllm_releases, read from the YAML once per test session (a deep copy: callers may edit it)."""
+    return copy.deepcopy(_releases_file())
 
 
 # Per case: extra keyword arguments the report implies, which `expect` numbers to hold under which vLLM
@@ -108,13 +115,13 @@ def _predict(case: dict, quantity: str, kwargs: dict, releases: dict, version: s
     config = case["config"]
     kw = dict(kwargs, releases=releases, vllm_version=version)
     if quantity == "needed_kv_gib":
-        return vm.vllm_kv_cache_bytes(config, length, **kw) / GiB
+        return vm.kv_cache_bytes(config, length, **kw) / GiB
     pp_rank = kw.pop("pp_rank", None)
     available = int(available_gib * GiB)
     if quantity == "estimated_max_model_len":
-        return vm.vllm_max_model_len(config, available, max_model_len=length, pp_rank=pp_rank, **kw)
+        return vm.max_model_len(config, available, max_model_len=length, pp_rank=pp_rank, **kw)
     if quantity == "kv_tokens":
-        return vm.vllm_kv_cache_tokens(config, available, length, **kw)
+        return vm.kv_cache_tokens(config, available, length, **kw)
     layout = vm.kv_layout(config, **kw)
     if quantity == "gpu_blocks":
         return layout.num_blocks(available)

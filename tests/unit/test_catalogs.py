@@ -14,10 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory
-
 from ansible_collections.vllm_node.vllm_node.plugins.filter import catalog
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
+from sizing_groundtruth import load_releases
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PRODUCT: dict[str, Any] = yaml.safe_load(
     (ROOT / "roles/vllm_node/vars/main/models.yml").read_text())["vllm_node_catalog_models"]
@@ -174,7 +175,7 @@ def test_simulated_gpu_node_matches_the_catalog() -> None:
 
 # ---- every catalog entry can be planned, and its KV geometry matches the research notes
 
-RELEASES = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/vllm_releases.yml").read_text())["vllm_node_vllm_releases"]
+RELEASES = load_releases()
 # Per-rank bf16 KV bytes per token at TP 8, computed independently in shared/docs/model-configs.yaml.
 TP8_BF16_BYTES_PER_TOKEN = {
     "kimi-k2.5-nvfp4": 70272, "deepseek-v3.1": 70272, "qwen3-235b-a22b": 48128, "llama-3.1-70b-instruct": 40960,
@@ -184,7 +185,7 @@ TP8_BF16_BYTES_PER_TOKEN = {
 
 def catalog_plan(key: str, gpu_key: str, count: int, **knobs: Any) -> dict[str, Any]:
     entry, gpu = MODELS[key], GPUS[gpu_key]
-    return vllm_memory.vllm_memory_plan(
+    return sizing.memory_plan(
         entry["config"], releases=RELEASES, checkpoint_bytes=entry["checkpoint_bytes"], gpu=gpu, gpu_count=count,
         device=gpu["kind"], vllm_variant="cpu" if gpu["kind"] == "cpu" else "cuda", quant=entry["quant"],
         model_key=key, repo=entry["repo"], gpu_key=gpu_key, **knobs)

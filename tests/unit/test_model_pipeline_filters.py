@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from ansible.errors import AnsibleFilterError
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,15 +52,37 @@ def test_metadata_split_keeps_small_files_only() -> None:
     assert [f["path"] for f in meta] == ["config.json", "model.safetensors.index.json"]
 
 
+def found(root: str, sizes: dict[str, int]) -> list[dict]:
+    """What ansible.builtin.find (recurse, hidden, file_type=file) returns for files below root: absolute paths."""
+    return [{"path": f"{root}/{rel}", "size": size, "mode": "0640", "isreg": True} for rel, size in sizes.items()]
+
+
 def test_missing_detects_absent_and_wrong_size() -> None:
     files = md.select_files(LISTING, include=["*.safetensors"])
-    local = md.parse_local_listing("1000 model-00001-of-00002.safetensors\n499 model-00002-of-00002.safetensors\n")
+    local = md.local_sizes(
+        found("/m", {"model-00001-of-00002.safetensors": 1000, "model-00002-of-00002.safetensors": 499}), "/m"
+    )
     assert [f["path"] for f in md.missing_files(files, local)] == ["model-00002-of-00002.safetensors"]
     assert md.total_size(md.missing_files(files, {})) == 1500
 
 
-def test_parse_local_listing_handles_spaces_in_names_and_junk() -> None:
-    assert md.parse_local_listing("12 a b c.json\nbroken line\n\n7 \n") == {"a b c.json": 12}
+def test_local_sizes_handles_spaces_subdirs_hidden_files_and_junk() -> None:
+    listing = found("/srv/m/org/x", {"a b c.json": 12, "sub dir/t.py": 3, ".gitattributes": 5})
+    listing += [{"path": "/srv/m/org/x/no-size"}, {"size": 7}, {"path": "/srv/m/org/x/str-size", "size": "7"}]
+    assert md.local_sizes(listing, "/srv/m/org/x/") == {"a b c.json": 12, "sub dir/t.py": 3, ".gitattributes": 5}
+
+
+def test_local_sizes_leaves_out_hf_bookkeeping_below_dot_cache_only() -> None:
+    listing = found("/m", {".cache/huggingface/download/a.json.metadata": 90, ".cache/x.incomplete": 4, "a.json": 2,
+                           "sub/.cache/kept.json": 1})
+    assert md.local_sizes(listing, "/m") == {"a.json": 2, "sub/.cache/kept.json": 1}
+
+
+def test_local_sizes_refuses_a_listing_of_another_directory() -> None:
+    with pytest.raises(AnsibleFilterError, match="not below /m"):
+        md.local_sizes(found("/other", {"a.json": 1}), "/m")
+    with pytest.raises(AnsibleFilterError, match="not below /m"):
+        md.local_sizes(found("/mx", {"a.json": 1}), "/m")
 
 
 @pytest.mark.parametrize(
@@ -183,5 +206,56 @@ def test_state_record_keeps_written_files_only() -> None:
 
 
 def test_local_listing_counts_kept_originals_for_patched_files() -> None:
-    local = md.parse_local_listing("600 config.json\n670 config.json.orig\n5 other.orig\n")
+    local = md.local_sizes(found("/m", {"config.json": 600, "config.json.orig": 670, "other.orig": 5}), "/m")
     assert local["config.json"] == 670 and local["other.orig"] == 5 and "other" not in local
+
+
+SHARDS = [
+    {"path": "model-00001-of-00002.safetensors", "size": 1000},
+    {"path": "model-00002-of-00002.safetensors", "size": 500},
+    {"path": "config.json", "size": 670},
+]
+
+
+def test_planner_inputs_take_the_index_total_size_first() -> None:
+    got = md.planner_inputs({"architectures": ["X"]}, {"metadata": {"total_size": 1400}}, {"quantization": {}}, SHARDS)
+    assert got == {
+        "config": {"architectures": ["X"]},
+        "quant_config": {"quantization": {}},
+        "checkpoint_bytes": 1400,
+        "checkpoint_bytes_source": "index",
+    }
+
+
+@pytest.mark.parametrize("index", [None, {}, {"weight_map": {}}, {"metadata": {}}, {"metadata": {"total_size": 0}}])
+def test_planner_inputs_fall_back_to_the_sum_of_the_shards(index) -> None:
+    got = md.planner_inputs({"a": 1}, index, None, SHARDS)
+    assert (got["checkpoint_bytes"], got["checkpoint_bytes_source"]) == (1500, "shards")
+    assert got["quant_config"] == {}
+
+
+def test_planner_inputs_shards_from_a_local_listing_with_absolute_paths() -> None:
+    listing = found("/ctl/model", {"config.json": 670, "model.safetensors": 4096, "notes.safetensors.txt": 9})
+    assert md.planner_inputs({}, None, None, listing)["checkpoint_bytes"] == 4096
+
+
+def test_planner_inputs_without_index_or_shards_is_zero() -> None:
+    got = md.planner_inputs(None, None, None, [{"path": "config.json", "size": 670}])
+    assert got == {"config": {}, "quant_config": {}, "checkpoint_bytes": 0, "checkpoint_bytes_source": "none"}
+    assert md.planner_inputs({})["checkpoint_bytes"] == 0
+
+
+@pytest.mark.parametrize("total", [-1, "1400", 1.5, True])
+def test_planner_inputs_refuse_a_bad_total_size(total) -> None:
+    with pytest.raises(AnsibleFilterError, match="metadata.total_size must be a non-negative integer"):
+        md.planner_inputs({}, {"metadata": {"total_size": total}}, None, SHARDS)
+
+
+@pytest.mark.parametrize(("config", "index", "quant", "name"), [
+    ([1], None, None, "config.json"),
+    ({}, "text", None, "model.safetensors.index.json"),
+    ({}, None, [], "hf_quant_config.json"),
+])
+def test_planner_inputs_refuse_documents_that_are_not_objects(config, index, quant, name) -> None:
+    with pytest.raises(AnsibleFilterError, match=f"{name} must hold a JSON object"):
+        md.planner_inputs(config, index, quant, [])

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-
 import sizing_groundtruth as gt
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory as vm
-from test_sizing_kv import KIMI, TINY_DSV3, TINY_LLAMA  # noqa: E402
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
+from sizing_cases import KIMI, TINY_DSV3, TINY_LLAMA
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -37,8 +33,8 @@ def test_more_kv_memory_never_lowers_the_estimated_length(name, a, b):
     config, kw = CONFIGS[name]
     low, high = sorted((a, b))
     upper = 262144
-    assert vm.vllm_max_model_len(config, low, max_model_len=upper, releases=RELEASES, **kw) <= \
-        vm.vllm_max_model_len(config, high, max_model_len=upper, releases=RELEASES, **kw)
+    assert vm.max_model_len(config, low, max_model_len=upper, releases=RELEASES, **kw) <= \
+        vm.max_model_len(config, high, max_model_len=upper, releases=RELEASES, **kw)
 
 
 @FAST
@@ -46,8 +42,8 @@ def test_more_kv_memory_never_lowers_the_estimated_length(name, a, b):
 def test_kv_need_is_monotonic_in_max_model_len(name, a, b):
     config, kw = CONFIGS[name]
     low, high = sorted((a, b))
-    assert vm.vllm_kv_cache_bytes(config, low, releases=RELEASES, **kw) <= \
-        vm.vllm_kv_cache_bytes(config, high, releases=RELEASES, **kw)
+    assert vm.kv_cache_bytes(config, low, releases=RELEASES, **kw) <= \
+        vm.kv_cache_bytes(config, high, releases=RELEASES, **kw)
 
 
 @FAST
@@ -71,7 +67,7 @@ def test_more_gpu_memory_never_lowers_the_safe_length(mib_a, mib_b, util, kv):
     low, high = sorted((mib_a, mib_b))
 
     def safe(mib):
-        return vm.vllm_memory_plan(KIMI, gpu_memory_bytes=mib * MiB, compute_capability="12.0", gpu_count=8,
+        return vm.memory_plan(KIMI, gpu_memory_bytes=mib * MiB, compute_capability="12.0", gpu_count=8,
                                    checkpoint_bytes=591 * 10**9, quant={"kv_cache_quant_algo": "FP8"},
                                    gpu_memory_utilization=util, kv_cache_dtype=kv,
                                    releases=RELEASES)["safe_max_model_len"]
@@ -85,7 +81,7 @@ def test_more_gpu_memory_never_lowers_the_safe_length(mib_a, mib_b, util, kv):
 def test_recommended_length_never_needs_more_than_the_available_kv(mib, kv, util, version):
     if version == "0.17.0" and kv == "fp8":
         return   # refused: TRITON_MLA has no fp8 KV before 0.18 (tested in test_sizing_plan)
-    p = vm.vllm_memory_plan(KIMI, gpu_memory_bytes=mib * MiB, compute_capability="12.0", gpu_count=8,
+    p = vm.memory_plan(KIMI, gpu_memory_bytes=mib * MiB, compute_capability="12.0", gpu_count=8,
                             checkpoint_bytes=591 * 10**9, quant={"kv_cache_quant_algo": "FP8"}, kv_cache_dtype=kv,
                             gpu_memory_utilization=util, vllm_version=version, releases=RELEASES)
     if p["max_model_len"] > 0:
@@ -97,12 +93,12 @@ def test_recommended_length_never_needs_more_than_the_available_kv(mib, kv, util
 @given(name=names, available=st.integers(1 * GiB, 64 * GiB), length=st.integers(1, 262144))
 def test_results_are_deterministic(name, available, length):
     config, kw = CONFIGS[name]
-    first = (vm.vllm_kv_cache_bytes(config, length, releases=RELEASES, **kw),
-             vm.vllm_kv_cache_tokens(config, available, length, releases=RELEASES, **kw),
-             vm.vllm_max_model_len(config, available, max_model_len=262144, releases=RELEASES, **kw))
-    second = (vm.vllm_kv_cache_bytes(config, length, releases=RELEASES, **kw),
-              vm.vllm_kv_cache_tokens(config, available, length, releases=RELEASES, **kw),
-              vm.vllm_max_model_len(config, available, max_model_len=262144, releases=RELEASES, **kw))
+    first = (vm.kv_cache_bytes(config, length, releases=RELEASES, **kw),
+             vm.kv_cache_tokens(config, available, length, releases=RELEASES, **kw),
+             vm.max_model_len(config, available, max_model_len=262144, releases=RELEASES, **kw))
+    second = (vm.kv_cache_bytes(config, length, releases=RELEASES, **kw),
+              vm.kv_cache_tokens(config, available, length, releases=RELEASES, **kw),
+              vm.max_model_len(config, available, max_model_len=262144, releases=RELEASES, **kw))
     assert first == second
 
 
@@ -112,4 +108,4 @@ def test_plans_are_deterministic(kv, length):
     kwargs = dict(gpu={"memory_mib": 97887, "compute_capability": "12.0"}, gpu_count=8,
                   checkpoint_bytes=591 * 10**9, quant={"kv_cache_quant_algo": "FP8"}, kv_cache_dtype=kv,
                   max_model_len=length, releases=RELEASES)
-    assert vm.vllm_memory_plan(KIMI, **kwargs) == vm.vllm_memory_plan(KIMI, **kwargs)
+    assert vm.memory_plan(KIMI, **kwargs) == vm.memory_plan(KIMI, **kwargs)

@@ -41,7 +41,7 @@ def test_excluded_cases_are_the_documented_ones():
 def test_unmodelled_deepseek_v4_is_refused_not_guessed():
     case = next(c for c in gt.load_cases() if c["id"] == "vllm-44376-comment")
     with pytest.raises(ValueError, match="compress_ratios"):
-        gt.vm.vllm_kv_cache_bytes(case["config"], 30000, tensor_parallel_size=2, kv_cache_dtype="fp8")
+        gt.vm.kv_cache_bytes(case["config"], 30000, tensor_parallel_size=2, kv_cache_dtype="fp8")
 
 
 def test_error_table_has_no_worse_row_than_half_a_percent():

@@ -3,37 +3,16 @@
 from __future__ import annotations
 
 import copy
-import sys
-from pathlib import Path
 
 import pytest
 
-
 import sizing_groundtruth as gt
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_memory as vm
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
+from sizing_cases import KIMI, TINY_DSV3, TINY_DSV3_FP8KV, TINY_LLAMA
 
 GiB = 1 << 30
 RELEASES = gt.load_releases()
 CASES = {c["id"]: c for c in gt.load_cases()}
-
-# The locally generated test models (tests/fixtures/tiny_models.py), KV-relevant fields as written there.
-TINY_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "torch_dtype": "bfloat16",
-              "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 32, "vocab_size": 2048, "max_position_embeddings": 4096}
-TINY_DSV3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "torch_dtype": "bfloat16",
-             "num_hidden_layers": 2, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4,
-             "q_lora_rank": 64, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
-             "v_head_dim": 128, "n_routed_experts": 4, "num_experts_per_tok": 2, "vocab_size": 2048,
-             "max_position_embeddings": 4096}
-TINY_DSV3_FP8KV = dict(TINY_DSV3, quantization_config={
-    "quant_method": "modelopt", "quant_algo": "FP8", "kv_cache_scheme": {"dynamic": False, "num_bits": 8,
-                                                                          "type": "float"}})
-KIMI_TEXT = {"model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 64,
-             "num_key_value_heads": 64, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
-             "qk_nope_head_dim": 128, "v_head_dim": 128, "n_routed_experts": 384, "first_k_dense_replace": 1,
-             "num_experts_per_tok": 8, "vocab_size": 163840,
-             "max_position_embeddings": 262144, "dtype": "bfloat16"}
-KIMI = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": KIMI_TEXT}
 
 
 def kw(**extra):
@@ -45,19 +24,19 @@ def test_tiny_llama_cpu_one_gib_is_2097152_tokens():
     layout = vm.kv_layout(TINY_LLAMA, device="cpu", releases=RELEASES)
     assert layout.bytes_per_token == 512          # 2 layers x 2 KV heads x 32 x 2 (K,V) x 2 B
     assert layout.block_size == 128               # CPU_ATTN's preferred block
-    assert vm.vllm_kv_cache_tokens(TINY_LLAMA, GiB, 4096, device="cpu", **kw()) == 2_097_152
+    assert vm.kv_cache_tokens(TINY_LLAMA, GiB, 4096, device="cpu", **kw()) == 2_097_152
 
 
 def test_tiny_deepseek_v3_cpu_one_gib_is_466032_tokens():
     layout = vm.kv_layout(TINY_DSV3, device="cpu", releases=RELEASES)
     assert layout.bytes_per_token == 2304         # (512 + 64) x 2 layers x 2 B
     assert layout.block_size == 16                # the reference CPU MLA kernel
-    assert vm.vllm_kv_cache_tokens(TINY_DSV3, GiB, 4096, device="cpu", **kw()) == 466_032
+    assert vm.kv_cache_tokens(TINY_DSV3, GiB, 4096, device="cpu", **kw()) == 466_032
 
 
 def test_cpu_plans_match_the_logged_token_counts():
     for config, tokens in ((TINY_LLAMA, 2_097_152), (TINY_DSV3, 466_032)):
-        plan = vm.vllm_memory_plan(config, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1,
+        plan = vm.memory_plan(config, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1,
                                    checkpoint_bytes=1000, releases=RELEASES)
         assert plan["fits"] and plan["device"] == "cpu"
         assert plan["kv"]["tokens"] == tokens
@@ -67,7 +46,7 @@ def test_cpu_plans_match_the_logged_token_counts():
 
 
 def test_cpu_mla_cannot_run_the_checkpoints_fp8_kv():
-    plan = vm.vllm_memory_plan(TINY_DSV3_FP8KV, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1,
+    plan = vm.memory_plan(TINY_DSV3_FP8KV, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1,
                                releases=RELEASES)
     assert plan["checkpoint_kv_cache_dtype"] == "fp8_e4m3"
     assert plan["checkpoint_kv_cache_dtype_supported"] is False
@@ -86,17 +65,17 @@ def test_gqa_kv_heads_replicate_when_tp_exceeds_them():
 
 
 def test_mla_latent_cache_is_replicated_on_every_tp_rank_and_split_by_dcp():
-    one = vm.vllm_kv_cache_bytes(KIMI, 262144, tensor_parallel_size=1, kv_cache_dtype="bfloat16", **kw())
-    eight = vm.vllm_kv_cache_bytes(KIMI, 262144, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
-    dcp8 = vm.vllm_kv_cache_bytes(KIMI, 262144, tensor_parallel_size=8, decode_context_parallel_size=8,
+    one = vm.kv_cache_bytes(KIMI, 262144, tensor_parallel_size=1, kv_cache_dtype="bfloat16", **kw())
+    eight = vm.kv_cache_bytes(KIMI, 262144, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
+    dcp8 = vm.kv_cache_bytes(KIMI, 262144, tensor_parallel_size=8, decode_context_parallel_size=8,
                                   kv_cache_dtype="bfloat16", **kw())
     assert one == eight == 262144 * 70272
     assert dcp8 == eight // 8
 
 
 def test_fp8_halves_the_kv_cache():
-    bf16 = vm.vllm_kv_cache_bytes(KIMI, 131072, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
-    fp8 = vm.vllm_kv_cache_bytes(KIMI, 131072, tensor_parallel_size=8, kv_cache_dtype="fp8", **kw())
+    bf16 = vm.kv_cache_bytes(KIMI, 131072, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
+    fp8 = vm.kv_cache_bytes(KIMI, 131072, tensor_parallel_size=8, kv_cache_dtype="fp8", **kw())
     assert fp8 * 2 == bf16 and round(fp8 / GiB, 2) == 4.29
 
 
@@ -151,18 +130,18 @@ def test_fp8_support_since():
 # --- the null block and the binary search ---------------------------------------------------------------
 def test_null_block_is_held_back_by_the_estimate():
     length = 131072
-    need = vm.vllm_kv_cache_bytes(KIMI, length, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
+    need = vm.kv_cache_bytes(KIMI, length, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
     block = 16 * 70272
-    at_need = vm.vllm_max_model_len(KIMI, need, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
-    with_null = vm.vllm_max_model_len(KIMI, need + block, tensor_parallel_size=8, kv_cache_dtype="bfloat16",
+    at_need = vm.max_model_len(KIMI, need, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw())
+    with_null = vm.max_model_len(KIMI, need + block, tensor_parallel_size=8, kv_cache_dtype="bfloat16",
                                       **kw())
     assert at_need == length - 16 and with_null == length
-    assert vm.vllm_max_model_len(KIMI, block, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw()) == 0
+    assert vm.max_model_len(KIMI, block, tensor_parallel_size=8, kv_cache_dtype="bfloat16", **kw()) == 0
 
 
 def test_estimate_is_capped_at_the_model_maximum_or_the_given_length():
-    assert vm.vllm_max_model_len(TINY_LLAMA, 10 * GiB, **kw()) == 4096
-    assert vm.vllm_max_model_len(TINY_LLAMA, 10 * GiB, max_model_len=2048, **kw()) == 2048
+    assert vm.max_model_len(TINY_LLAMA, 10 * GiB, **kw()) == 4096
+    assert vm.max_model_len(TINY_LLAMA, 10 * GiB, max_model_len=2048, **kw()) == 2048
 
 
 def test_qwen38_prediction_differs_from_the_null_block_rule_by_exactly_one_block():
@@ -179,25 +158,25 @@ def test_qwen38_prediction_differs_from_the_null_block_rule_by_exactly_one_block
 # --- sliding window, chunked local, hybrid, pipeline stages ----------------------------------------------
 def test_sliding_window_holds_in_flight_tokens():
     oss = CASES["vllm-27508"]["config"]
-    small = vm.vllm_kv_cache_bytes(oss, 131072, max_num_batched_tokens=1024, **kw())
-    large = vm.vllm_kv_cache_bytes(oss, 131072, max_num_batched_tokens=8192, **kw())
+    small = vm.kv_cache_bytes(oss, 131072, max_num_batched_tokens=1024, **kw())
+    large = vm.kv_cache_bytes(oss, 131072, max_num_batched_tokens=8192, **kw())
     page_group = 18 * 16 * 2048                     # 18 layers per group x block 16 x 2,048 B/token/layer
     assert small == page_group * (8192 + 137)       # cdiv(127 + 2 x 1024, 16) + 1 = 137
     assert large == page_group * (8192 + 1033)
     # short contexts: the window is capped by max_model_len
-    assert vm.vllm_kv_cache_bytes(oss, 64, **kw()) == page_group * (4 + 5)
+    assert vm.kv_cache_bytes(oss, 64, **kw()) == page_group * (4 + 5)
     # the window keeps W - 1 earlier tokens: 127 + 17 in flight = 144 = 9 blocks exactly (+1 for alignment)
-    one_batch = vm.vllm_kv_cache_bytes(oss, 4096, max_num_batched_tokens=17, vllm_version="0.20.0", **kw())
+    one_batch = vm.kv_cache_bytes(oss, 4096, max_num_batched_tokens=17, vllm_version="0.20.0", **kw())
     assert one_batch == page_group * (256 + 10)
 
 
 def test_chunked_local_attention_is_charged_as_full_by_default():
     scout = CASES["vllm-19407"]["config"]
-    full = vm.vllm_kv_cache_bytes(scout, 10485760, tensor_parallel_size=8, **kw())
+    full = vm.kv_cache_bytes(scout, 10485760, tensor_parallel_size=8, **kw())
     assert full == 10485760 * 48 * 512
     hybrid_on = copy.deepcopy(RELEASES)
     hybrid_on["chunked_local_disables_hybrid_manager"] = [{"since": "0.0.0", "value": False}]
-    capped = vm.vllm_kv_cache_bytes(scout, 10485760, tensor_parallel_size=8, releases=hybrid_on)
+    capped = vm.kv_cache_bytes(scout, 10485760, tensor_parallel_size=8, releases=hybrid_on)
     assert capped < full / 3                         # 36 chunked layers capped at 8192 + in-flight tokens
 
 
@@ -221,8 +200,8 @@ def test_pipeline_stages_follow_vllm_partitioning():
     assert [len(s) for s in vm.pp_stages(92, 8)] == [11, 11, 11, 12, 12, 12, 12, 11]
     assert [len(s) for s in vm.pp_stages(48, 2, "16,32")] == [16, 32]
     glm = CASES["vllm-32105"]["config"]
-    worst = vm.vllm_kv_cache_bytes(glm, 202752, pipeline_parallel_size=8, **kw())
-    stage0 = vm.vllm_kv_cache_bytes(glm, 202752, pipeline_parallel_size=8, pp_rank=0, **kw())
+    worst = vm.kv_cache_bytes(glm, 202752, pipeline_parallel_size=8, **kw())
+    stage0 = vm.kv_cache_bytes(glm, 202752, pipeline_parallel_size=8, pp_rank=0, **kw())
     assert worst == 12 * 202752 * 4096 and stage0 == 11 * 202752 * 4096
     with pytest.raises(ValueError, match="sums to"):
         vm.pp_stages(48, 2, [16, 16])
@@ -234,9 +213,9 @@ def test_pipeline_stages_follow_vllm_partitioning():
 def test_token_formula_changes_at_0_21():
     oss = CASES["hf-mem-60"]["config"]
     avail = int(5.38 * GiB)
-    old = vm.vllm_kv_cache_tokens(oss, avail, 131072, kv_cache_dtype="bfloat16", vllm_version="0.20.0",
+    old = vm.kv_cache_tokens(oss, avail, 131072, kv_cache_dtype="bfloat16", vllm_version="0.20.0",
                                   max_num_batched_tokens=8192, **kw())
-    new = vm.vllm_kv_cache_tokens(oss, avail, 131072, kv_cache_dtype="bfloat16", vllm_version="0.33.0",
+    new = vm.kv_cache_tokens(oss, avail, 131072, kv_cache_dtype="bfloat16", vllm_version="0.33.0",
                                   max_num_batched_tokens=8192, **kw())
     assert old == 9793 // 2 * 16 and new == int(9793 / (8192 + 1033) * 131072)
 
@@ -250,19 +229,19 @@ def test_rope_factor_scales_the_model_maximum_unless_prescaled():
 # --- errors name the problem and the valid choices -------------------------------------------------------
 def test_tp_that_does_not_divide_the_heads_is_refused():
     with pytest.raises(ValueError, match=r"tensor_parallel_size 3 .*valid choices: 1, 2, 4"):
-        vm.vllm_kv_cache_bytes(TINY_LLAMA, 4096, tensor_parallel_size=3, **kw())
+        vm.kv_cache_bytes(TINY_LLAMA, 4096, tensor_parallel_size=3, **kw())
 
 
 def test_missing_config_fields_are_named():
     broken = {k: v for k, v in TINY_LLAMA.items() if k != "num_hidden_layers"}
     with pytest.raises(ValueError, match="num_hidden_layers"):
-        vm.vllm_kv_cache_bytes(broken, 4096, **kw())
+        vm.kv_cache_bytes(broken, 4096, **kw())
     no_len = {k: v for k, v in TINY_LLAMA.items() if k != "max_position_embeddings"}
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        vm.vllm_max_model_len(no_len, GiB, **kw())
+        vm.max_model_len(no_len, GiB, **kw())
     no_mla_rope = {k: v for k, v in TINY_DSV3.items() if k != "qk_rope_head_dim"}
     with pytest.raises(ValueError, match="qk_rope_head_dim"):
-        vm.vllm_kv_cache_bytes(no_mla_rope, 4096, **kw())
+        vm.kv_cache_bytes(no_mla_rope, 4096, **kw())
 
 
 @pytest.mark.parametrize("extra,match", [
@@ -272,24 +251,14 @@ def test_missing_config_fields_are_named():
 ])
 def test_unmodelled_hybrids_are_refused_not_charged_as_full(extra, match):
     with pytest.raises(ValueError, match=match):
-        vm.vllm_kv_cache_bytes(dict(TINY_LLAMA, **extra), 4096, **kw())
+        vm.kv_cache_bytes(dict(TINY_LLAMA, **extra), 4096, **kw())
 
 
 def test_invalid_dcp_and_dtype_are_refused():
     with pytest.raises(ValueError, match=r"needs tensor_parallel_size \(2\) > the model's 2 KV heads"):
-        vm.vllm_kv_cache_bytes(TINY_LLAMA, 4096, tensor_parallel_size=2, decode_context_parallel_size=2, **kw())
+        vm.kv_cache_bytes(TINY_LLAMA, 4096, tensor_parallel_size=2, decode_context_parallel_size=2, **kw())
     with pytest.raises(ValueError, match="must divide tensor_parallel_size"):
-        vm.vllm_kv_cache_bytes(KIMI, 4096, tensor_parallel_size=8, decode_context_parallel_size=3, **kw())
+        vm.kv_cache_bytes(KIMI, 4096, tensor_parallel_size=8, decode_context_parallel_size=3, **kw())
     with pytest.raises(ValueError, match="choose one of"):
-        vm.vllm_kv_cache_bytes(TINY_LLAMA, 4096, kv_cache_dtype="int3", **kw())
+        vm.kv_cache_bytes(TINY_LLAMA, 4096, kv_cache_dtype="int3", **kw())
 
-
-def test_filters_are_exposed_to_ansible():
-    from ansible_collections.vllm_node.vllm_node.plugins.filter import sizing as vllm_sizing
-
-    filters = vllm_sizing.FilterModule().filters()
-    assert set(filters) == {"vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_kv_cache_tokens",
-                            "vllm_memory_plan"}
-    assert filters["vllm_kv_cache_bytes"](TINY_LLAMA, 4096) == 4096 * 512
-    with pytest.raises(Exception, match="^tensor_parallel_size 3 does not divide"):
-        filters["vllm_kv_cache_bytes"](TINY_LLAMA, 4096, tensor_parallel_size=3)

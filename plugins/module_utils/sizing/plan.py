@@ -1,0 +1,144 @@
+"""PlanInputs -> the plan (a JSON-serialisable dict; schema in plugins/filter/vllm_memory_plan.yml)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .advice import checks, fit_options, headroom_advice, length_message, reasons
+from .argv import planned_args, planned_environment
+from .budget import cpu_budget, cuda_budget, resolve_batch
+from .context import Sizing
+from .inputs import PlanInputs, resolve_device
+from .kv_dtype import choose_kv_dtype, kv_dtype_arg
+from .kv_layout import LayoutInputs, build_layout
+from .model import model_shape, require_max_len
+from .parallel import resolve_parallel
+from .units import is_auto, to_int
+from .versions import rule, version_tuple
+
+
+def _nice_length(safe: int, block: int) -> int:
+    """A round context length <= safe: a multiple of 1024 (or of the block size for short contexts)."""
+    if safe >= 4096:
+        return safe // 1024 * 1024
+    if safe >= block > 0:
+        return safe // block * block
+    return safe
+
+
+def _version_notes(inputs: PlanInputs) -> list[str]:
+    version = inputs.vllm_version
+    known = inputs.releases.get("known_versions") or []
+    if known and version not in known and version_tuple(version) > max(version_tuple(v) for v in known):
+        return [f"vLLM {version} is newer than the releases data ({known[-1]}); its rules were assumed"]
+    return []
+
+
+def _chosen_length(inputs: PlanInputs, requested: int | None, safe: int, model_max: int, block: int,
+                   cuda: bool) -> tuple[int, list[str]]:
+    """The requested length, or (auto) the model's maximum when it fits, else the largest round safe one."""
+    if requested is not None:
+        return requested, []
+    chosen = model_max if safe >= model_max else _nice_length(safe, block)
+    if rule(inputs.releases, "max_model_len_auto", inputs.vllm_version) and cuda:
+        return chosen, [f"max_model_len {chosen:,} is chosen here, before any download; vLLM {inputs.vllm_version} "
+                        "could fit it itself with --max-model-len auto, but only after loading the weights"]
+    return chosen, []
+
+
+def size(inputs: PlanInputs) -> Sizing:
+    """Resolve the device, parallelism, KV dtype, layout, memory budget and context length."""
+    rel, version = inputs.releases, inputs.vllm_version
+    shape = model_shape(inputs.config)
+    model_max = require_max_len(shape)
+    notes = _version_notes(inputs)
+    device = resolve_device(inputs)
+    par = resolve_parallel(shape, device.count, inputs.tensor_parallel_size, inputs.pipeline_parallel_size,
+                           inputs.decode_context_parallel_size)
+    kv = choose_kv_dtype(inputs, shape, device)
+    batch = resolve_batch(inputs, device, par.tp * par.pp)
+    layout_inputs = LayoutInputs(
+        releases=rel, tensor_parallel_size=par.tp, pipeline_parallel_size=par.pp,
+        decode_context_parallel_size=par.dcp, kv_cache_dtype=kv.dtype, block_size=inputs.block_size,
+        quant=inputs.quant, compute_capability=device.compute_capability, vllm_version=version,
+        max_num_batched_tokens=batch.max_num_batched_tokens, mamba_cache_mode=inputs.mamba_cache_mode,
+        pp_layer_partition=inputs.pp_layer_partition, device=device.kind)
+    layout = build_layout(inputs.config, shape, layout_inputs)
+    notes.extend(layout.notes)
+    formula = str(rule(rel, "kv_cache_tokens_formula", version))
+    requested = None if is_auto(inputs.max_model_len) else to_int("max_model_len", inputs.max_model_len)
+    target_len = min(requested or model_max, model_max) if requested else model_max
+    per_block = layout.worst_block_bytes()
+    if device.kind == "cuda":
+        memory = cuda_budget(inputs, shape, layout, device, par, batch, layout.needed_bytes(target_len) + per_block)
+        assert memory.budget is not None
+        weights, available = memory.budget.weights, memory.budget.kv
+    else:
+        memory, weights = cpu_budget(inputs, device, par)
+        available = device.total
+    notes.extend(memory.notes)
+    safe = layout.estimate_max_model_len(available, model_max) if available > 0 else 0
+    chosen, length_notes = _chosen_length(inputs, requested, safe, model_max, layout.block_size, device.kind == "cuda")
+    return Sizing(inputs, shape, model_max, device, par, kv, batch, layout_inputs, layout, memory, weights,
+                  available, per_block, formula, requested, chosen, safe, tuple(notes + length_notes))
+
+
+def plan(inputs: PlanInputs) -> dict[str, Any]:
+    """The whole sizing plan: what was chosen, whether it fits, why, and the flags that run it."""
+    s = size(inputs)
+    len_message = length_message(s)
+    advice = list(s.kv.advice)
+    if s.chosen_len > s.model_max:
+        advice.append(f"Lower --max-model-len to at most {s.model_max:,} (the model's own maximum).")
+    elif not s.len_ok:
+        options = fit_options(s)
+        advice.extend(options.advice)
+        if options.short:
+            len_message += ". Use " + ", or ".join(options.short)
+    advice.extend(headroom_advice(s))
+    plan_checks = checks(s, len_message)
+    fits = all(c["fits"] for c in plan_checks)
+    if not fits and not advice:
+        advice.append("Use more or larger GPUs, or a smaller model.")
+    kv_arg, kv_note = kv_dtype_arg(s.kv, s.shape, inputs, s.device)
+    notes = list(s.notes) + ([kv_note] if kv_note else [])
+    return _document(s, fits, plan_checks, reasons(s, len_message), advice, notes,
+                     planned_args(s, kv_arg), planned_environment(s))
+
+
+def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_reasons: list[str],
+              advice: list[str], notes: list[str], args: list[str], environment: dict[str, str]) -> dict[str, Any]:
+    """The plan as JSON-serialisable data (the house-rules plan contract)."""
+    inputs, budget, layout = s.inputs, s.memory.budget, s.layout
+    per_gpu = {
+        "total_bytes": int(s.device.total),
+        "requested_bytes": int(budget.requested if budget else s.device.total),
+        "weights_bytes": int(s.weights),
+        "activation_peak_bytes": int(budget.activation if budget else 0),
+        "cudagraph_bytes": int(budget.cudagraph if budget else 0),
+        "non_torch_bytes": int(budget.non_torch if budget else 0),
+        "kv_cache_bytes": int(max(s.available, 0)),
+        "headroom_bytes": int(budget.headroom if budget else 0),
+    }
+    kv = {"bytes_per_token": layout.bytes_per_token, "block_size": layout.block_size,
+          "needed_bytes": int(s.needed), "available_bytes": int(max(s.available, 0)), "tokens": int(s.tokens),
+          "max_concurrency": round(s.concurrency, 4),
+          "num_blocks": int(layout.num_blocks(s.available)) if s.available > 0 else 0,
+          "bytes_per_block": int(s.per_block), "backend": layout.backend.name, "groups": len(layout.groups),
+          "max_num_batched_tokens": s.batch.max_num_batched_tokens}
+    return {
+        "fits": bool(fits),
+        "model": inputs.model_key, "repo": inputs.repo,
+        "served_model_name": inputs.served_model_name or inputs.repo or inputs.model_key,
+        "gpu": inputs.gpu_key or ("cpu" if not s.cuda else ""), "gpu_count": s.device.count,
+        "device": s.device.kind, "vllm_version": inputs.vllm_version, "vllm_variant": s.device.variant,
+        "attention": s.shape.attention,
+        "checkpoint_kv_cache_dtype": s.kv.checkpoint,
+        "checkpoint_kv_cache_dtype_supported": bool(s.kv.checkpoint_supported),
+        "tensor_parallel_size": s.par.tp, "pipeline_parallel_size": s.par.pp,
+        "decode_context_parallel_size": s.par.dcp, "kv_cache_dtype": s.kv.dtype,
+        "gpu_memory_utilization": float(s.memory.util), "max_model_len": int(s.chosen_len),
+        "model_max_model_len": int(s.model_max), "safe_max_model_len": int(min(s.safe, s.model_max)),
+        "vllm_args": args, "environment": environment, "per_gpu": per_gpu, "kv": kv,
+        "checks": plan_checks, "reasons": plan_reasons, "advice": advice, "notes": notes,
+    }
