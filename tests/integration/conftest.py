@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
 import tiny_models
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 @pytest.fixture(scope="session")

@@ -76,7 +76,8 @@ def test_unknown_repo_revision_and_file(hub: Hub, tmp_path: Path) -> None:
                  "--local-dir", str(tmp_path / "b"))
     assert bad_rev.returncode != 0
     assert "Revision not found" in bad_rev.stdout + bad_rev.stderr
-    bad_file = hf(hub, tmp_path, "download", f"{ORG}/tiny-llama", "no-such-file.json", "--local-dir", str(tmp_path / "c"))
+    bad_file = hf(hub, tmp_path, "download", f"{ORG}/tiny-llama", "no-such-file.json",
+                  "--local-dir", str(tmp_path / "c"))
     assert bad_file.returncode != 0
     assert "not found" in (bad_file.stdout + bad_file.stderr).lower()
     assert not (tmp_path / "c" / "no-such-file.json").exists()
@@ -116,7 +117,8 @@ def test_head_headers_and_tree_hashes(hub: Hub) -> None:
     assert "lfs" not in by_path["config.json"]
     status, headers, _ = hub.request(f"/{repo}/resolve/main/config.json", method="HEAD")
     assert status == 200 and headers["X-Repo-Commit"] == sha
-    assert headers["ETag"] == '"%s"' % hashlib.sha1(b"blob %d\0" % len(config) + config).hexdigest()
+    git_blob_sha = hashlib.sha1(b"blob %d\0" % len(config) + config).hexdigest()
+    assert headers["ETag"] == f'"{git_blob_sha}"'
     assert int(headers["Content-Length"]) == len(config)
     status, headers, _ = hub.request(f"/{repo}/resolve/{sha}/model-00002-of-00003.safetensors", method="HEAD")
     assert headers["ETag"] == f'"{hashlib.sha256(shard).hexdigest()}"'
@@ -220,7 +222,8 @@ def test_throttle_paces_a_transfer_and_reset_lifts_it(hub: Hub) -> None:
         elapsed = time.monotonic() - start
         assert status == 200 and len(body) == size
         assert elapsed >= 1.5, f"throttled to {rate} B/s but {size} B took {elapsed:.2f} s"
-        assert hub.counters()["throttle_rules"] == [{"glob": "*tiny-deepseek-v3/*.safetensors", "bytes_per_second": rate}]
+        rule = {"glob": "*tiny-deepseek-v3/*.safetensors", "bytes_per_second": rate}
+        assert hub.counters()["throttle_rules"] == [rule]
     finally:
         hub.reset()
     start = time.monotonic()

@@ -78,8 +78,8 @@ def test_lspci_fallback_filters_vendor_and_class(tmp_path: Path) -> None:
     # A non-NVIDIA 3D controller and an NVIDIA audio function must not count as GPUs.
     data["other_pci_devices"] = data["other_pci_devices"] + [
         {"bus_id": "0000:d1:00.0", "class": "0302", "class_name": "3D controller", "vendor": "1002",
-         "vendor_name": "Advanced Micro Devices, Inc. [AMD/ATI]", "device": "74a1", "device_name": "Aqua Vanjaram [Instinct MI300X]",
-         "revision": "00"},
+         "vendor_name": "Advanced Micro Devices, Inc. [AMD/ATI]", "device": "74a1",
+         "device_name": "Aqua Vanjaram [Instinct MI300X]", "revision": "00"},
         {"bus_id": "0000:01:00.1", "class": "0403", "class_name": "Audio device", "vendor": "10de",
          "vendor_name": "NVIDIA Corporation", "device": "22e8", "device_name": "GB202 High Definition Audio Controller",
          "revision": "a1"},
@@ -92,7 +92,9 @@ def test_lspci_fallback_filters_vendor_and_class(tmp_path: Path) -> None:
     assert {g["pci_device_id"] for g in facts["gpus"]} == {"10de:2bb5"}
 
 
-@pytest.mark.parametrize("bad", [{"node_facts_model_root": "relative/models"}, {"node_facts_gpu_vendor_ids": ["NVIDIA"]}])
+@pytest.mark.parametrize(
+    "bad", [{"node_facts_model_root": "relative/models"}, {"node_facts_gpu_vendor_ids": ["NVIDIA"]}]
+)
 def test_bad_input_is_refused_with_a_fix(tmp_path: Path, bad: dict[str, Any]) -> None:
     proc, facts = run(tmp_path, default_data(), **bad)
     assert proc.returncode != 0 and facts == {}

@@ -81,7 +81,8 @@ def test_story_262144_bf16_is_refused_in_seconds_with_a_safe_length(tmp_path: Pa
 
 
 def test_story_without_max_model_len_recommends_a_safe_length(tmp_path: Path) -> None:
-    run = plan(tmp_path, *STORY, "-e", "vllm_node_kv_cache_dtype=bfloat16", "-e", "vllm_node_gpu_memory_utilization=0.95")
+    run = plan(tmp_path, *STORY, "-e", "vllm_node_kv_cache_dtype=bfloat16",
+               "-e", "vllm_node_gpu_memory_utilization=0.95")
     assert run.rc == 0, run.out
     p = run.plan
     assert p is not None and p["fits"] is True
@@ -154,7 +155,9 @@ def test_story_outcome_131072_fits_where_262144_did_not(tmp_path: Path, version:
       "-e", "vllm_node_vllm_variant=cpu"),
      ["vllm_node_vllm_variant=cpu", "cpu build runs only on the cpu device"]),
 ])
-def test_bad_inputs_are_named_with_the_valid_choices(tmp_path: Path, args: tuple[str, ...], expected: list[str]) -> None:
+def test_bad_inputs_are_named_with_the_valid_choices(
+    tmp_path: Path, args: tuple[str, ...], expected: list[str]
+) -> None:
     run = plan(tmp_path, *args)
     assert run.rc != 0, run.out
     text = one_line(run.out)
@@ -200,7 +203,8 @@ def test_config_json_with_missing_fields_is_refused(tmp_path: Path) -> None:
 
 def test_config_json_without_a_size_asks_for_checkpoint_bytes(tmp_path: Path) -> None:
     path = write_config(tmp_path, "unsized", {"num_hidden_layers": 2, "num_attention_heads": 4})
-    run = plan(tmp_path, "-e", f"vllm_node_model_config={path}", "-e", "vllm_node_gpu=l40s", "-e", "vllm_node_gpu_count=1")
+    run = plan(tmp_path, "-e", f"vllm_node_model_config={path}",
+               "-e", "vllm_node_gpu=l40s", "-e", "vllm_node_gpu_count=1")
     assert run.rc != 0
     assert "vllm_node_checkpoint_bytes" in one_line(run.out)
 

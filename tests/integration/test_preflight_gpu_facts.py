@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +95,9 @@ def test_cpu_build_on_a_gpu_node_plans_the_cpu_device(tmp_path: Path) -> None:
 
 
 def test_the_story_is_refused_before_anything_changes(tmp_path: Path) -> None:
-    rc, out, plan = preflight(tmp_path, node_gpus(), vllm_node_max_model_len=262144, vllm_node_gpu_memory_utilization=0.95)
+    rc, out, plan = preflight(
+        tmp_path, node_gpus(), vllm_node_max_model_len=262144, vllm_node_gpu_memory_utilization=0.95
+    )
     assert rc != 0
     assert plan is not None and plan["fits"] is False
     assert "do not fit" in out and "Safe max-model-len: " in out

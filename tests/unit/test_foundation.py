@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -49,6 +48,31 @@ def test_setup_refuses_without_python_312_and_says_what_to_install(tmp_path: Pat
     assert "no Python >= 3.12 found" in result.stderr
     assert "apt-get install -y python3 python3-venv" in result.stderr
     assert not (work / ".venv").exists(), "nothing may be created when set-up refuses"
+
+
+def test_setup_updates_an_existing_venv_in_place_when_requirements_change(tmp_path: Path) -> None:
+    """A changed requirements.txt is installed into the existing venv: `make` puts .venv/bin first on PATH, and
+    recreating the venv once took the venv's own python as the base and deleted it (and everyone's tools with it)."""
+    work = tmp_path / "repo"
+    (work / "scripts").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "setup-controller.sh", work / "scripts")
+    (work / "requirements.txt").write_text("pinned==1.0\n")
+    venv_bin = work / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (work / ".venv" / ".requirements.sha256").write_text("an older requirements.txt\n")
+    log = tmp_path / "python.log"
+    python = venv_bin / "python"
+    python.write_text(f'#!/bin/sh\n[ "$1" = "-c" ] && exit 0\necho "$*" >> {log}\n')
+    python.chmod(0o755)
+    (venv_bin / "python3.13").symlink_to(python)
+    env = {"PATH": f"{venv_bin}:/usr/bin:/bin", "HOME": str(tmp_path)}
+    result = subprocess.run(["bash", str(work / "scripts" / "setup-controller.sh")],
+                            env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert log.read_text() == "-m pip install --quiet --disable-pip-version-check -r requirements.txt\n"
+    assert python.exists(), "the venv must not be deleted"
+    want = subprocess.run(["sha256sum", str(work / "requirements.txt")], capture_output=True, text=True, check=True)
+    assert (work / ".venv" / ".requirements.sha256").read_text().split()[0] == want.stdout.split()[0]
 
 
 def test_ci_runs_the_readme_test_command() -> None:
@@ -116,7 +140,10 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="ensure-docker only st
 
 @needs_root
 def test_ensure_docker_starts_a_dockerd_that_is_not_on_path(tmp_path: Path) -> None:
-    """Debian's docker.io installs dockerd in /usr/sbin; the script must find and start it there (CI once failed on this)."""
+    """Debian's docker.io installs dockerd in /usr/sbin; the script must find and start it there.
+
+    CI once failed on this.
+    """
     result = _ensure_docker(tmp_path, "touch READY\n", wait_seconds=10)
     assert result.returncode == 0, result.stderr
     assert "starting dockerd" in result.stdout
@@ -127,8 +154,21 @@ def test_ensure_docker_starts_a_dockerd_that_is_not_on_path(tmp_path: Path) -> N
 def test_ensure_docker_reports_the_log_when_dockerd_dies(tmp_path: Path) -> None:
     """An engine that exits at once fails the script without sitting out the wait, with its own last words shown."""
     started = time.monotonic()
-    result = _ensure_docker(tmp_path, 'echo "failed to start daemon: stand-in storage error"; exit 1\n', wait_seconds=30)
+    dies = 'echo "failed to start daemon: stand-in storage error"; exit 1\n'
+    result = _ensure_docker(tmp_path, dies, wait_seconds=30)
     assert time.monotonic() - started < 15
     assert result.returncode == 1
     assert "dockerd exited before it answered" in result.stderr
     assert "stand-in storage error" in result.stderr
+
+
+def test_the_collection_stub_stays_links_to_the_checkout() -> None:
+    """collections/ must point back at the repository: molecule's prerun would replace the links with an installed
+    (stale) copy, which is why every scenario turns it off."""
+    stub = REPO / "collections" / "ansible_collections" / "vllm_node" / "vllm_node"
+    entries = sorted(stub.iterdir())
+    assert entries and all(p.is_symlink() for p in entries), [p.name for p in entries if not p.is_symlink()]
+    assert {p.name for p in entries} >= {"galaxy.yml", "plugins", "roles", "playbooks", "meta"}
+    with_prerun = [p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")
+                   if not re.search(r"^prerun: false$", p.read_text(), re.M)]
+    assert with_prerun == []

@@ -16,9 +16,9 @@ import jinja2.sandbox
 import pytest
 from tokenizers import Tokenizer
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
 import tiny_models
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 ORG = "vllm-node-test"
 REPOS = ["tiny-llama", "tiny-llama-private", "tiny-deepseek-v3", "tiny-deepseek-v3-fp8kv"]
@@ -41,7 +41,8 @@ def header(path: Path) -> dict[str, dict]:
     with path.open("rb") as handle:
         size = int.from_bytes(handle.read(8), "little")
         meta = json.loads(handle.read(size))
-        assert path.stat().st_size == 8 + size + max(v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__")
+        data_end = max(v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__")
+        assert path.stat().st_size == 8 + size + data_end
     return meta
 
 
@@ -138,7 +139,8 @@ def test_deepseek_tensors_match_transformers_layout(out: Path) -> None:
     experts = {k for k in found if k.startswith(moe + "experts.")}
     assert len(experts) == 3 * cfg["n_routed_experts"]
     assert found[moe + "experts.3.down_proj.weight"][1] == [h, cfg["moe_intermediate_size"]]
-    assert found[moe + "shared_experts.up_proj.weight"][1] == [cfg["moe_intermediate_size"] * cfg["n_shared_experts"], h]
+    shared = cfg["moe_intermediate_size"] * cfg["n_shared_experts"]
+    assert found[moe + "shared_experts.up_proj.weight"][1] == [shared, h]
     assert not any(".mlp.gate_proj" in k for k in found if k.startswith(moe))
 
 

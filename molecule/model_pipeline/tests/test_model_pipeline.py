@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 SCENARIO = Path(__file__).resolve().parents[1]
 PROJECT = SCENARIO.parents[1]
 HUB = "http://127.0.0.1:8999"
@@ -42,7 +40,9 @@ def run_play(name: str, extra: dict[str, Any], expect_ok: bool = True) -> str:
     output = proc.stdout + proc.stderr
     log = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", tempfile.gettempdir())) / f"mp-{name}.log"
     log.write_text(output)
-    assert (proc.returncode == 0) == expect_ok, f"{name}: rc={proc.returncode}, expected ok={expect_ok}\n{output[-6000:]}"
+    assert (proc.returncode == 0) == expect_ok, (
+        f"{name}: rc={proc.returncode}, expected ok={expect_ok}\n{output[-6000:]}"
+    )
     return output
 
 
@@ -80,9 +80,10 @@ def test_converge_downloaded_and_patched(host) -> None:
     shard = host.file("/srv/vllm/models/vllm-node-test/tiny-llama/model-00001-of-00003.safetensors")
     assert shard.size == 524504 and shard.user == "vllm" and shard.mode == 0o640
     assert host.run("sudo -u vllm cat /srv/vllm/models/vllm-node-test/tiny-llama/config.json").rc == 0
-    manifest = json.loads(host.file("/srv/vllm/models/vllm-node-test/tiny-llama/.vllm-node-download.json").content_string)
+    model_dir = "/srv/vllm/models/vllm-node-test/tiny-llama"
+    manifest = json.loads(host.file(f"{model_dir}/.vllm-node-download.json").content_string)
     assert manifest["requested_revision"] == "main" and len(manifest["commit"]) == 40
-    marker = json.loads(host.file("/srv/vllm/models/vllm-node-test/tiny-llama/.vllm-node-complete.json").content_string)
+    marker = json.loads(host.file(f"{model_dir}/.vllm-node-complete.json").content_string)
     assert marker["commit"] == manifest["commit"] and marker["verified"] is True and marker["files"] == 11
     fp8 = "/srv/vllm/models/vllm-node-test/tiny-deepseek-v3-fp8kv"
     quant = json.loads(host.file(fp8 + "/hf_quant_config.json").content_string)
@@ -198,7 +199,9 @@ def test_private_repo_with_token_leaves_no_trace(host) -> None:
     )
     assert watcher.rc == 0
     try:
-        out = run_play("private_token", base(root, repo, model_download_token=TOKEN, model_download_progress_interval=1))
+        out = run_play(
+            "private_token", base(root, repo, model_download_token=TOKEN, model_download_progress_interval=1)
+        )
     finally:
         host.run("touch /tmp/mp-ps.stop")
     assert TOKEN not in out, "the token leaked into the Ansible output"
@@ -219,7 +222,9 @@ def test_private_repo_with_token_leaves_no_trace(host) -> None:
 def test_patch_follows_the_plan_and_restores(host) -> None:
     fp8 = "/srv/vllm/models/vllm-node-test/tiny-deepseek-v3-fp8kv"
     plan = {"attention": "mla", "checkpoint_kv_cache_dtype": "fp8_e4m3", "gpu": "rtx-pro-6000-blackwell"}
-    common = {"mp_download": False, "mp_config": True, "model_config_dir": fp8, "model_config_compute_capability": "12.0"}
+    common = {
+        "mp_download": False, "mp_config": True, "model_config_dir": fp8, "model_config_compute_capability": "12.0",
+    }
     out = run_play("config_033", {**common, "model_config_plan": {**plan, "vllm_version": "0.33.0",
                                                                     "checkpoint_kv_cache_dtype_supported": True}})
     assert result(host)["changes"] == [] and "no rule matched" in out
@@ -229,7 +234,9 @@ def test_patch_follows_the_plan_and_restores(host) -> None:
     plan_017 = {**plan, "vllm_version": "0.17.0", "checkpoint_kv_cache_dtype_supported": False}
     out = run_play("config_017", {**common, "model_config_plan": plan_017})
     res = result(host)
-    assert sorted(c["path"] for c in res["changes"]) == ["quantization.kv_cache_quant_algo", "quantization_config.kv_cache_scheme"]
+    assert sorted(c["path"] for c in res["changes"]) == [
+        "quantization.kv_cache_quant_algo", "quantization_config.kv_cache_scheme",
+    ]
     assert res["rules"] == ["sm120-mla-fp8-kv-before-0.18"] and "rule sm120-mla-fp8-kv-before-0.18" in out
     out = run_play("config_017_again", {**common, "model_config_plan": plan_017})
     assert "changed=0" in out, "patching twice must change nothing"
@@ -237,9 +244,9 @@ def test_patch_follows_the_plan_and_restores(host) -> None:
     assert host.file(fp8 + "/hf_quant_config.json").sha256sum == host.file(fp8 + "/hf_quant_config.json.orig").sha256sum
     # A plain Llama: the rule does not match whatever the version.
     llama = "/srv/vllm/models/vllm-node-test/tiny-llama"
-    run_play("config_llama", {**common, "model_config_dir": llama,
-                              "model_config_plan": {"attention": "full", "checkpoint_kv_cache_dtype": None,
-                                                    "vllm_version": "0.17.0", "checkpoint_kv_cache_dtype_supported": True}})
+    llama_plan = {"attention": "full", "checkpoint_kv_cache_dtype": None,
+                  "vllm_version": "0.17.0", "checkpoint_kv_cache_dtype_supported": True}
+    run_play("config_llama", {**common, "model_config_dir": llama, "model_config_plan": llama_plan})
     assert result(host)["changes"] == [] and not host.file(llama + "/config.json.orig").exists
     # Back to the converged state (0.17 patch) so that molecule's own state stays consistent.
     run_play("config_017_final", {**common, "model_config_plan": plan_017})

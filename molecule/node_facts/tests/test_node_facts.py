@@ -67,7 +67,8 @@ def test_default_node_reports_eight_blackwell_gpus_from_nvidia_smi(host: Any, tm
 
 def test_os_memory_cpus_and_disk_match_the_node(host: Any, tmp_path_factory: Any) -> None:
     facts = node_facts(host, tmp_path_factory, "default")
-    os_release = dict(line.split("=", 1) for line in host.file("/etc/os-release").content_string.splitlines() if "=" in line)
+    lines = host.file("/etc/os-release").content_string.splitlines()
+    os_release = dict(line.split("=", 1) for line in lines if "=" in line)
     assert facts["node_facts_os"]["codename"] == os_release["VERSION_CODENAME"].strip('"')
     assert facts["node_facts_os"]["family"] == "Debian"
     assert facts["node_facts_os"]["distribution"] == {"debian": "Debian", "ubuntu": "Ubuntu"}[os_release["ID"]]

@@ -15,8 +15,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 SCENARIO = Path(__file__).resolve().parents[1]
 ARTIFACTS = PROJECT / "artifacts"

@@ -52,7 +52,9 @@ def test_build_record_matches_the_repo_requirements(host):
 
 
 def test_vllm_imports_as_the_service_user(host):
-    out = run_ok(host, f"cd / && runuser -u vllm -- {ROOT}/current/bin/python -c 'import vllm; print(vllm.__version__)'")
+    out = run_ok(
+        host, f"cd / && runuser -u vllm -- {ROOT}/current/bin/python -c 'import vllm; print(vllm.__version__)'"
+    )
     assert out.splitlines()[-1] == "0.32.0"
 
 
@@ -78,7 +80,10 @@ def test_hf_cli_present(host):
 
 
 def test_quirk_packages_absent(host):
-    code = "import importlib.util as u; print([n for n in ('torchvision','torchaudio','torchcodec','triton') if u.find_spec(n)])"
+    code = (
+        "import importlib.util as u; "
+        "print([n for n in ('torchvision','torchaudio','torchcodec','triton') if u.find_spec(n)])"
+    )
     assert run_ok(host, f"{ROOT}/current/bin/python -c \"{code}\"") == "[]"
 
 
