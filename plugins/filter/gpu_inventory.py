@@ -1,5 +1,6 @@
 """Ansible filters over plugins/module_utils/gpu_inventory.py and nvidia_driver_state.py: tool output in, one GPU
-record schema out. Documented per filter in plugins/filter/<name>.yml (ansible-doc -t filter vllm_node.vllm_node.<name>).
+record schema out. Documented per filter in plugins/filter/<name>.yml
+(ansible-doc -t filter vllm_node.vllm_node.<name>).
 
 Bad input raises AnsibleFilterError with the parser's message (what was expected).
 """
@@ -7,14 +8,15 @@ Bad input raises AnsibleFilterError with the parser's message (what was expected
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_inventory, nvidia_driver_state
 
 try:
     from ansible.errors import AnsibleFilterError
 except ImportError:  # plain Python use (tests) without Ansible installed
-    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
+    AnsibleFilterError = ValueError
 
 
 def _filter(func: Callable[..., Any]) -> Callable[..., Any]:

@@ -16,7 +16,8 @@ The GPU record (one per GPU, the same keys whichever tool found it)::
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Mapping, Optional
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 # The fields node_facts and nvidia_driver ask nvidia-smi for (--format=csv,noheader,nounits), in this order.
 NVIDIA_SMI_FIELDS: tuple[str, ...] = (
@@ -67,21 +68,21 @@ def normalise_pci_bus_id(bus_id: str) -> str:
     return f"{int(domain or '0', 16):04x}:{bus.lower()}:{slot.lower()}.{function}"
 
 
-def smi_pci_device_id(value: str) -> Optional[str]:
+def smi_pci_device_id(value: str) -> str | None:
     """nvidia-smi's pci.device_id (``0x2BB510DE``: device then vendor) as ``vendor:device`` (``10de:2bb5``)."""
     match = _SMI_DEVICE_ID_RE.match(value.strip())
     return f"{match.group(2).lower()}:{match.group(1).lower()}" if match else None
 
 
-def gpu_record(index: Optional[int], name: str, memory_total_mib: Optional[int] = None,
-               compute_capability: Optional[str] = None, pci_bus_id: str = "",
-               pci_device_id: Optional[str] = None) -> dict[str, Any]:
+def gpu_record(index: int | None, name: str, memory_total_mib: int | None = None,
+               compute_capability: str | None = None, pci_bus_id: str = "",
+               pci_device_id: str | None = None) -> dict[str, Any]:
     """One GPU in the shared schema (see the module docstring)."""
     return {"index": index, "name": name, "memory_total_mib": memory_total_mib,
             "compute_capability": compute_capability, "pci_bus_id": pci_bus_id, "pci_device_id": pci_device_id}
 
 
-def _split_smi_line(line: str, fields: list[str]) -> Optional[list[str]]:
+def _split_smi_line(line: str, fields: list[str]) -> list[str] | None:
     """Split one CSV line into len(fields) values; the name field may itself contain commas (it absorbs them)."""
     parts = [part.strip() for part in line.split(",")]
     extra = len(parts) - len(fields)
@@ -91,7 +92,7 @@ def _split_smi_line(line: str, fields: list[str]) -> Optional[list[str]]:
     return parts[:at] + [", ".join(parts[at:at + extra + 1])] + parts[at + extra + 1:]
 
 
-def _smi_record(values: Mapping[str, str]) -> Optional[dict[str, Any]]:
+def _smi_record(values: Mapping[str, str]) -> dict[str, Any] | None:
     """A GPU record from one row of named nvidia-smi values; None when the row cannot be nvidia-smi's answer."""
     index = values.get("index", "")
     if not _INT_RE.match(index):
@@ -135,12 +136,13 @@ def parse_nvidia_smi(text: str, fields: Iterable[str] = NVIDIA_SMI_FIELDS) -> di
         if not line.strip():
             continue
         parts = _split_smi_line(line, names)
-        record = _smi_record(dict(zip(names, parts))) if parts is not None else None
+        values = dict(zip(names, parts, strict=True)) if parts is not None else {}
+        record = _smi_record(values) if values else None
         if record is None:
             unparsed.append(line.strip())
             continue
         gpus.append(record)
-        version = dict(zip(names, parts)).get("driver_version", "")
+        version = values.get("driver_version", "")
         driver = driver or ("" if _unavailable(version) else version)
     return {"gpus": sorted(gpus, key=lambda g: g["index"]), "driver_version": driver, "unparsed": unparsed}
 
@@ -217,7 +219,7 @@ def match_catalog(gpus: Iterable[Mapping[str, Any]], catalog: Mapping[str, Mappi
                     if device and device in [str(p).lower() for p in e.get("pci_ids") or []]), None)
         if key is None:
             key = next((k for k, e in catalog.items() if name and name in (e.get("names") or [])), None)
-        out.append({**gpu_record(index=None, name=""), **gpu, "key": key})  # type: ignore[arg-type]
+        out.append({**gpu_record(index=None, name=""), **gpu, "key": key})
     return out
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.gpu_inventory import deb_upstream_version
 

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: free space on the filesystem that holds (or will hold) a path, read-only."""
 
 from __future__ import annotations
@@ -59,7 +58,7 @@ total_bytes:
 """
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from ansible.module_utils.basic import AnsibleModule
 

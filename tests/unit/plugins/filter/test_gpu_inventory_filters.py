@@ -1,4 +1,5 @@
-"""The gpu_inventory filters on what the simulated tools (tests/fixtures/gpu_node) print, and their ansible-doc files."""
+"""The gpu_inventory filters on what the simulated tools (tests/fixtures/gpu_node) print, and their ansible-doc
+files."""
 from __future__ import annotations
 
 import json

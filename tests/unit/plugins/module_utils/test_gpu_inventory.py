@@ -44,7 +44,7 @@ def test_nvidia_smi_name_with_commas() -> None:
 
 @pytest.mark.parametrize("text", [
     "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
-    f"index, name, memory.total [MiB], compute_cap, pci.bus_id, pci.device_id, driver_version\n",
+    "index, name, memory.total [MiB], compute_cap, pci.bus_id, pci.device_id, driver_version\n",
     f"0, {RTX}, 97887 MiB, 12.0, 00000000:01:00.0, 0x2BB510DE, 580.95.05",  # units were not switched off
     f"0, {RTX}, 97887, twelve, 00000000:01:00.0, 0x2BB510DE, 580.95.05",
     f"0, {RTX}, 97887, 12.0, not-a-bus, 0x2BB510DE, 580.95.05",
@@ -64,17 +64,21 @@ def test_nvidia_smi_other_field_lists_and_empty_output() -> None:
         gi.parse_nvidia_smi("12.0\n", ["compute_cap"])
 
 
-LSPCI = """\
-0000:00:00.0 Host bridge [0600]: Intel Corporation Ice Lake Memory Map/VT-d [8086:09a2] (rev 04)
-0000:01:00.0 3D controller [0302]: NVIDIA Corporation GB202GL [RTX PRO 6000 Blackwell Server Edition] [10de:2bb5] (rev a1)
-0000:01:00.1 Audio device [0403]: NVIDIA Corporation GB202 High Definition Audio Controller [10de:22e8] (rev a1)
-0001:02:00.0 VGA compatible controller [0300]: NVIDIA Corporation Device [10de:2bb1] (rev a1) (prog-if 00 [VGA controller])
-0000:c1:00.0 VGA compatible controller [0300]: ASPEED Technology, Inc. ASPEED Graphics Family [1a03:2000] (rev 52)
-0000:d1:00.0 Processing accelerators [1200]: Advanced Micro Devices, Inc. [AMD/ATI] Aqua Vanjaram [Instinct MI300X] [1002:74a1]
-0000:18:00.0 Bridge [0680]: NVIDIA Corporation GB100 [NVSwitch] [10de:22a3] (rev a1)
-00:1f.0 ISA bridge [0601]: Intel Corporation C620 Series Chipset Family LPC/eSPI Controller [8086:a1cb] (rev 0a)
-0000:41:00.0 Ethernet controller: Mellanox Technologies MT2892 Family
-"""
+LSPCI = "".join(line + "\n" for line in [
+    "0000:00:00.0 Host bridge [0600]: Intel Corporation Ice Lake Memory Map/VT-d [8086:09a2] (rev 04)",
+    "0000:01:00.0 3D controller [0302]: NVIDIA Corporation GB202GL [RTX PRO 6000 Blackwell Server Edition]"
+    " [10de:2bb5] (rev a1)",
+    "0000:01:00.1 Audio device [0403]: NVIDIA Corporation GB202 High Definition Audio Controller [10de:22e8] (rev a1)",
+    "0001:02:00.0 VGA compatible controller [0300]: NVIDIA Corporation Device [10de:2bb1] (rev a1)"
+    " (prog-if 00 [VGA controller])",
+    "0000:c1:00.0 VGA compatible controller [0300]: ASPEED Technology, Inc. ASPEED Graphics Family [1a03:2000]"
+    " (rev 52)",
+    "0000:d1:00.0 Processing accelerators [1200]: Advanced Micro Devices, Inc. [AMD/ATI] Aqua Vanjaram"
+    " [Instinct MI300X] [1002:74a1]",
+    "0000:18:00.0 Bridge [0680]: NVIDIA Corporation GB100 [NVSwitch] [10de:22a3] (rev a1)",
+    "00:1f.0 ISA bridge [0601]: Intel Corporation C620 Series Chipset Family LPC/eSPI Controller [8086:a1cb] (rev 0a)",
+    "0000:41:00.0 Ethernet controller: Mellanox Technologies MT2892 Family",
+])
 
 
 def test_lspci_devices_in_bus_order_with_names_and_ids() -> None:
@@ -94,7 +98,8 @@ def test_lspci_gpus_filter_vendor_and_class() -> None:
     assert [(g["index"], g["pci_bus_id"], g["pci_device_id"]) for g in gpus] == [
         (0, "0000:01:00.0", "10de:2bb5"), (1, "0001:02:00.0", "10de:2bb1")]
     assert all(g["memory_total_mib"] is None and g["compute_capability"] is None for g in gpus)
-    assert [d["pci_bus_id"] for d in gi.select_pci_devices(gi.parse_lspci(LSPCI), ["10de"], ["0680"])] == ["0000:18:00.0"]
+    nvswitches = gi.select_pci_devices(gi.parse_lspci(LSPCI), ["10de"], ["0680"])
+    assert [d["pci_bus_id"] for d in nvswitches] == ["0000:18:00.0"]
     # A class prefix selects the whole family (every display controller).
     assert len(gi.select_pci_devices(gi.parse_lspci(LSPCI), [], ["03"])) == 3
     with pytest.raises(gi.GpuInventoryError, match="PCI vendor id must be 1 to 4 hex digits, got 'NVIDIA'"):
