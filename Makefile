@@ -56,7 +56,8 @@ docs: setup
 unit: setup
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)
 
-integration: setup
+# images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container.
+integration: setup images
 	$(call timed,integration,scripts/pytest-strict.sh tests/integration)
 
 molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)

@@ -28,6 +28,11 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
+def _shown(entry: Mapping[str, Any], field: str) -> str:
+    """'missing', or the wrong value as Python shows it."""
+    return "missing" if field not in entry else repr(entry[field])
+
+
 def model_entry_errors(key: str, entry: Any) -> list[str]:
     """Problems of one model catalog entry, as sentences naming the field and the fix."""
     where = f"vllm_node_extra_models['{key}']"
@@ -42,7 +47,7 @@ def model_entry_errors(key: str, entry: Any) -> list[str]:
     if not isinstance(revision, str) or not revision:
         errors.append(f"{where}.revision must be a branch, tag or 40-hex commit; got {revision!r}.")
     if not _positive_int(entry.get("checkpoint_bytes")):
-        errors.append(f"{where}.checkpoint_bytes is {'missing' if 'checkpoint_bytes' not in entry else repr(entry.get('checkpoint_bytes'))}: "
+        errors.append(f"{where}.checkpoint_bytes is {_shown(entry, 'checkpoint_bytes')}: "
                       "set the checkpoint size in bytes (model.safetensors.index.json metadata.total_size).")
     config = entry.get("config")
     if not isinstance(config, Mapping) or not config:
@@ -86,7 +91,7 @@ def gpu_entry_errors(key: str, entry: Any) -> list[str]:
     if not isinstance(entry.get("name"), str) or not entry.get("name"):
         errors.append(f"{where}.name is missing: set the name nvidia-smi prints (--query-gpu=name).")
     if not _positive_int(entry.get("memory_mib")):
-        errors.append(f"{where}.memory_mib is {'missing' if 'memory_mib' not in entry else repr(entry.get('memory_mib'))}: "
+        errors.append(f"{where}.memory_mib is {_shown(entry, 'memory_mib')}: "
                       "set memory.total in MiB as nvidia-smi --query-gpu=memory.total reports it.")
     cc = entry.get("compute_capability")
     if not isinstance(cc, str) or not _COMPUTE_CAPABILITY.fullmatch(cc):

@@ -1,78 +1,154 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Ansible module: time a streamed chat completion and read vLLM's startup numbers from the journal."""
+"""Ansible module: check a vLLM endpoint from the node, measure it, compare it with the plan, give the verdict."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 module: inference_check_measure
-short_description: Time to first token, tokens/s and vLLM's logged startup numbers (read-only)
+short_description: Check a vLLM endpoint, time it, hold its startup numbers against the plan (read-only)
 description:
-  - Sends one streamed chat completion to an OpenAI-compatible endpoint and measures the time to the
-    first token and the decode rate from the usage vLLM reports.
-  - Reads the journal of the unit's current invocation and extracts the numbers vLLM logged while
-    starting (KV cache memory and tokens, model loading), and the time from start to healthy.
+  - Sends from the node itself C(/health), C(/v1/models) with and without the key, one chat completion and one
+    streamed chat completion (time to first token, decode tokens/s from the usage vLLM reports).
+  - Reads the journal of the unit's current invocation for the numbers vLLM logged while starting (KV cache memory
+    and tokens, maximum concurrency, model loading) and the time from start to healthy, and compares them with
+    the plan.
+  - Returns the verdict (RV(failures), RV(passed)) and the whole report; it does not fail on findings, so the
+    caller can write the report first and judge afterwards.
+  - Changes nothing.
 options:
-  url: {description: base URL, e.g. http://127.0.0.1:8000, type: str, required: true}
-  api_key: {description: bearer key, type: str, no_log: true}
-  model: {description: served model name, type: str, required: true}
-  prompt: {description: user message, type: str, default: Say hello.}
-  max_tokens: {description: tokens to generate, type: int, default: 64}
-  unit: {description: systemd unit whose journal is read, type: str, default: vllm}
-  timeout: {description: request timeout in seconds, type: int, default: 300}
-  plan: {description: the vllm_node_plan to compare with, type: dict, default: {}}
+  url:
+    description: Base URL of the server, e.g. C(http://127.0.0.1:8000) or C(http://[::1]:8000).
+    type: str
+    required: true
+  api_key:
+    description: Bearer key; empty sends every request without one.
+    type: str
+  model:
+    description: Served model name; C(/v1/models) must list it.
+    type: str
+    required: true
+  prompt:
+    description: User message of the test completions.
+    type: str
+    default: Say hello.
+  max_tokens:
+    description: Tokens to generate per completion (the stream sets C(ignore_eos) so the rate stays meaningful).
+    type: int
+    default: 64
+  unit:
+    description: systemd unit whose journal is read.
+    type: str
+    default: vllm
+  timeout:
+    description: Seconds allowed per completion request.
+    type: int
+    default: 300
+  plan:
+    description: The vllm_node_plan to compare with (C(kv), C(per_gpu), and the fields copied into the report).
+    type: dict
+    default: {}
+  host:
+    description: Name of the node in the report and its summary (the inventory hostname).
+    type: str
+    default: ""
+  require_reasoning:
+    description: Fail when the answer carries no reasoning content.
+    type: bool
+    default: false
+  reasoning_parser:
+    description: The catalog's reasoning parser, named in the finding when O(require_reasoning) fails.
+    type: str
+    default: ""
+  enforce_plan:
+    description: Fail when vLLM's logged KV cache tokens differ from the plan by more than O(kv_tolerance).
+    type: bool
+    default: false
+  kv_tolerance:
+    description: Allowed relative difference of the KV cache tokens (0.01 is 1 %).
+    type: float
+    default: 0.01
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
 author: vllm-node
 """
 
+EXAMPLES = r"""
+- name: Check the endpoint and compare vLLM's numbers with the plan
+  vllm_node.vllm_node.inference_check_measure:
+    url: http://127.0.0.1:8000
+    api_key: "{{ key }}"
+    model: tiny-llama
+    unit: vllm
+    plan: "{{ vllm_node_plan }}"
+    host: "{{ inventory_hostname }}"
+    enforce_plan: "{{ vllm_node_plan.device == 'cpu' }}"
+  register: measured
+
+- name: Judge it
+  ansible.builtin.assert:
+    that: measured.passed
+    fail_msg: "{{ measured.failures | join('; ') }}"
+"""
+
+RETURN = r"""
+passed:
+  description: True when RV(failures) is empty.
+  returned: success
+  type: bool
+failures:
+  description: What is wrong, one sentence each, with the fix where one is known.
+  returned: success
+  type: list
+  elements: str
+  sample: ["a request without the API key was answered with HTTP 200 (expected 401): set vllm_node_api_key ..."]
+report:
+  description:
+    - The whole report, as written to C(artifacts/inference-check-<host>.json) by the inference_check role.
+    - Keys C(host), C(time), C(url), C(served_model_name), C(plan), C(health), C(models), C(unauthenticated_status),
+      C(chat), C(stream), C(startup), C(unit), C(plan_vs_actual), C(failures), C(summary).
+  returned: success
+  type: dict
+stream:
+  description: The streamed completion (C(time_to_first_token_s), C(tokens_per_second), C(completion_tokens),
+    C(total_s), C(text), C(reasoning)); empty when the chat completion failed.
+  returned: success
+  type: dict
+startup:
+  description: vLLM's logged startup numbers (C(kv_cache_tokens), C(available_kv_cache_bytes) per rank, ...).
+  returned: success
+  type: dict
+plan_vs_actual:
+  description: For C(kv_cache_tokens), C(kv_cache_bytes), C(weights_bytes_per_gpu), C(max_concurrency) the
+    C(actual), C(planned) and C(relative_difference).
+  returned: success
+  type: dict
+unit:
+  description: C(main_pid), C(restarts), C(invocation_id), C(started_at), C(healthy_at), C(seconds_to_healthy).
+  returned: success
+  type: dict
+"""
+
+import contextlib
 import json
-import re
 import time
-import urllib.error
-import urllib.request
-from typing import Iterable, Optional
+from datetime import UTC, datetime
+from typing import Any, Iterable, Optional
+from urllib.error import HTTPError
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
-KV_TOKENS_RE = re.compile(r"\b(GPU|CPU) KV cache size: ([\d,]+) tokens")
-CONCURRENCY_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-AVAILABLE_RE = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-CPU_SPACE_RE = re.compile(r"Explicitly set \(([\d.]+)/([\d.]+)\) GiB for KV cache")
-MODEL_LOADING_RE = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
-WEIGHTS_RE = re.compile(r"Loading weights took ([\d.]+) seconds")
-GIB = 1024 ** 3
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import systemd
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_log import parse_startup
 
-
-def _num(text: str) -> float:
-    return float(text.replace(",", ""))
-
-
-def parse_startup(lines: Iterable[str]) -> dict:
-    """vLLM's own startup numbers from its log lines (every rank's value kept where ranks differ)."""
-    out: dict = {
-        "kv_cache_tokens": None, "kv_cache_device": None, "max_concurrency": None, "concurrency_tokens": None,
-        "available_kv_cache_bytes": [], "model_loading_bytes": [], "model_loading_seconds": [],
-        "weights_loading_seconds": [],
-    }
-    for line in lines:
-        match = KV_TOKENS_RE.search(line)
-        if match:
-            out["kv_cache_device"] = match.group(1).lower()
-            out["kv_cache_tokens"] = int(_num(match.group(2)))
-        match = CONCURRENCY_RE.search(line)
-        if match:
-            out["concurrency_tokens"] = int(_num(match.group(1)))
-            out["max_concurrency"] = float(match.group(2))
-        match = AVAILABLE_RE.search(line) or CPU_SPACE_RE.search(line)
-        if match:
-            out["available_kv_cache_bytes"].append(int(float(match.group(1)) * GIB))
-        match = MODEL_LOADING_RE.search(line)
-        if match:
-            out["model_loading_bytes"].append(int(float(match.group(1)) * GIB))
-            out["model_loading_seconds"].append(float(match.group(2)))
-        match = WEIGHTS_RE.search(line)
-        if match:
-            out["weights_loading_seconds"].append(float(match.group(1)))
-    return out
+UNIT_PROPERTIES = ("InvocationID", "InactiveExitTimestamp", "ActiveEnterTimestamp", "MainPID", "NRestarts")
+SHORT_TIMEOUT = 30
 
 
 def relative_difference(actual: Optional[float], planned: Optional[float]) -> Optional[float]:
@@ -112,6 +188,38 @@ def sse_events(response) -> Iterable[dict]:
         yield json.loads(data)
 
 
+def _headers(key: Optional[str], body: bool) -> dict:
+    """Request headers: the bearer key when there is one, JSON when there is a body."""
+    headers = {"Content-Type": "application/json"} if body else {}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def request(url: str, key: Optional[str] = None, body: Optional[dict] = None, timeout: int = SHORT_TIMEOUT) -> dict:
+    """One request: {status, json, text, error}; an HTTP error status is an answer, not an exception.
+
+    status is None when no answer came at all (refused, timed out); error then says why.
+    """
+    answer: dict[str, Any] = {"status": None, "json": None, "text": "", "error": ""}
+    try:
+        response = open_url(
+            url, method="POST" if body is not None else "GET", headers=_headers(key, body is not None),
+            data=json.dumps(body) if body is not None else None, timeout=timeout, validate_certs=False,
+        )
+        answer["status"] = response.status
+        answer["text"] = response.read().decode("utf-8", "replace")
+    except HTTPError as exc:
+        answer["status"] = exc.code
+        answer["text"] = exc.read().decode("utf-8", "replace") if exc.fp else ""
+    except Exception as exc:  # pylint: disable=broad-except  # URLError, socket timeout, reset: "no answer"
+        answer["error"] = str(exc)
+        return answer
+    with contextlib.suppress(ValueError):  # not every answer is JSON (e.g. a proxy's error page)
+        answer["json"] = json.loads(answer["text"])
+    return answer
+
+
 def stream_completion(url: str, key: Optional[str], model: str, prompt: str, max_tokens: int, timeout: int) -> dict:
     """One streamed chat completion: time to first token, decode tokens/s, the text."""
     body = {
@@ -124,14 +232,14 @@ def stream_completion(url: str, key: Optional[str], model: str, prompt: str, max
         # Random-weight test models may emit EOS at once; a fixed length keeps the rate meaningful.
         "ignore_eos": True,
     }
-    headers = {"Content-Type": "application/json"}
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
-    request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers=headers)
     start = time.monotonic()
     first = None
     text, reasoning, usage = [], [], {}
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    response = open_url(
+        f"{url}/v1/chat/completions", method="POST", headers=_headers(key, True), data=json.dumps(body),
+        timeout=timeout, validate_certs=False,
+    )
+    with response:
         for event in sse_events(response):
             for choice in event.get("choices") or []:
                 delta = choice.get("delta") or {}
@@ -158,7 +266,163 @@ def stream_completion(url: str, key: Optional[str], model: str, prompt: str, max
     }
 
 
+def probe_endpoint(url: str, key: Optional[str], model: str, prompt: str, max_tokens: int, timeout: int) -> dict:
+    """Every request of the check, as answers: health, models, anonymous, chat, and the stream (when chat worked)."""
+    observed: dict[str, Any] = {
+        "health": request(f"{url}/health"),
+        "models": request(f"{url}/v1/models", key),
+        "anonymous": request(f"{url}/v1/models"),
+        "chat": request(
+            f"{url}/v1/chat/completions", key,
+            {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+             "temperature": 0},
+            timeout,
+        ),
+        "stream": {},
+        "stream_error": "",
+    }
+    if observed["chat"]["status"] == 200:
+        try:
+            observed["stream"] = stream_completion(url, key, model, prompt, max_tokens, timeout)
+        except Exception as exc:  # pylint: disable=broad-except  # any transport or decode error is a finding
+            observed["stream_error"] = str(exc)
+    return observed
+
+
+def served_models(observed: dict) -> list:
+    """Ids listed by /v1/models (empty when the answer was not a model list)."""
+    data = observed["models"]["json"]
+    return [entry.get("id") for entry in data.get("data") or []] if isinstance(data, dict) else []
+
+
+def chat_message(observed: dict) -> dict:
+    """The first choice's message of the chat completion ({} when there is none)."""
+    data = observed["chat"]["json"]
+    choices = data.get("choices") if isinstance(data, dict) else None
+    return (choices[0].get("message") or {}) if choices else {}
+
+
+def reasoning_of(observed: dict) -> str:
+    """Reasoning content of the chat answer, else of the stream ("" when neither has any)."""
+    message = chat_message(observed)
+    return message.get("reasoning_content", message.get("reasoning")) or observed["stream"].get("reasoning") or ""
+
+
+def _status(answer: dict) -> str:
+    """HTTP status for a sentence, or why there was none."""
+    return f"HTTP {answer['status']}" if answer["status"] is not None else f"no answer ({answer['error']})"
+
+
+def verdict(observed: dict, pva: dict, served_model_name: str, require_reasoning: bool = False,
+            reasoning_parser: str = "", enforce_plan: bool = False, kv_tolerance: float = 0.01) -> list[str]:
+    """What is wrong with the endpoint, one sentence each (with the fix where one is known); [] means it passed."""
+    failures = []
+    if observed["health"]["status"] != 200:
+        failures.append(f"/health answered {_status(observed['health'])}")
+    served = served_models(observed)
+    if served_model_name not in served:
+        failures.append(f'/v1/models lists {served}, not "{served_model_name}"')
+    anonymous = observed["anonymous"]["status"]
+    if anonymous not in (401, 403):
+        failures.append(
+            f"a request without the API key was answered with {_status(observed['anonymous'])} (expected 401): "
+            "set vllm_node_api_key or let vllm_service generate one"
+        )
+    chat = observed["chat"]
+    reasoning = reasoning_of(observed)
+    if chat["status"] != 200:
+        failures.append(
+            f"chat completion answered {_status(chat)}: {chat['text'][:300]} "
+            "(on the CPU backend an unsupported head_dim gives HTTP 500 while /health is 200)"
+        )
+    elif not (chat_message(observed).get("content") or "") and not reasoning:
+        failures.append("chat completion returned no text")
+    if observed["stream_error"]:
+        failures.append(f"streamed chat completion failed: {observed['stream_error']}")
+    if require_reasoning and not reasoning:
+        failures.append(
+            f"the catalog names reasoning parser {reasoning_parser} but the answer has no reasoning content"
+        )
+    if enforce_plan:
+        kv = pva.get("kv_cache_tokens") or {}
+        difference = kv.get("relative_difference")
+        if difference is None:
+            failures.append(
+                f"could not compare KV cache tokens (vLLM logged {kv.get('actual')}, plan {kv.get('planned')})"
+            )
+        elif abs(difference) > kv_tolerance:
+            failures.append(
+                f"vLLM logged {kv['actual']} KV cache tokens, the plan predicted {kv['planned']} "
+                f"({difference * 100:+.2f} %, tolerance {kv_tolerance * 100:g} %)"
+            )
+    return failures
+
+
+def unit_times(state: dict) -> dict:
+    """The unit's process and its start-to-healthy time from `systemctl show` properties."""
+    started = systemd.unix_time(state.get("InactiveExitTimestamp"))
+    active = systemd.unix_time(state.get("ActiveEnterTimestamp"))
+    return {
+        "main_pid": int(state.get("MainPID") or 0),
+        "restarts": int(state.get("NRestarts") or 0),
+        "invocation_id": state.get("InvocationID") or None,
+        "started_at": started,
+        "healthy_at": active,
+        "seconds_to_healthy": active - started if started is not None and active is not None else None,
+    }
+
+
+def _or_unknown(value: Any) -> Any:
+    """'?' for a number that is not known, for the one-line summary."""
+    return "?" if value is None else value
+
+
+def build_report(host: str, when: str, url: str, served_model_name: str, plan: dict, observed: dict,
+                 startup: dict, unit: dict, pva: dict, failures: list[str]) -> dict:
+    """The report written to artifacts/inference-check-<host>.json, with its human summary."""
+    message = chat_message(observed)
+    stream = observed["stream"]
+    served = served_models(observed)
+    kv = pva.get("kv_cache_tokens") or {}
+    difference = kv.get("relative_difference")
+    chat_json = observed["chat"]["json"]
+    return {
+        "host": host,
+        "time": when,
+        "url": url,
+        "served_model_name": served_model_name,
+        "plan": {**{key: plan.get(key) for key in ("model", "device", "vllm_version", "max_model_len")},
+                 "vllm_args": plan.get("vllm_args") or []},
+        "health": observed["health"]["status"],
+        "models": served,
+        "unauthenticated_status": observed["anonymous"]["status"],
+        "chat": {
+            "status": observed["chat"]["status"],
+            "content": message.get("content"),
+            "reasoning_content": reasoning_of(observed) or None,
+            "usage": chat_json.get("usage") if isinstance(chat_json, dict) else None,
+        },
+        "stream": {key: stream.get(key) for key in
+                   ("time_to_first_token_s", "tokens_per_second", "completion_tokens", "total_s")},
+        "startup": startup,
+        "unit": unit,
+        "plan_vs_actual": pva,
+        "failures": failures,
+        "summary": [
+            f"{host}: {url} serves {','.join(str(name) for name in served)}, "
+            f"anonymous -> {_status(observed['anonymous'])}",
+            f"chat: {_status(observed['chat'])}, TTFT {_or_unknown(stream.get('time_to_first_token_s'))} s, "
+            f"{_or_unknown(stream.get('tokens_per_second'))} tokens/s",
+            f"KV cache tokens: vLLM {_or_unknown(kv.get('actual'))} vs plan {_or_unknown(kv.get('planned'))}"
+            + (f" ({difference * 100:+.3f} %)" if difference is not None else ""),
+            f"start to healthy: {_or_unknown(unit.get('seconds_to_healthy'))} s",
+            ("FAILED: " + "; ".join(failures)) if failures else "all checks passed",
+        ],
+    }
+
+
 def main() -> None:
+    """Probe, read the journal, compare, judge, report."""
     module = AnsibleModule(
         argument_spec={
             "url": {"type": "str", "required": True},
@@ -169,41 +433,39 @@ def main() -> None:
             "unit": {"type": "str", "default": "vllm"},
             "timeout": {"type": "int", "default": 300},
             "plan": {"type": "dict", "default": {}},
+            "host": {"type": "str", "default": ""},
+            "require_reasoning": {"type": "bool", "default": False},
+            "reasoning_parser": {"type": "str", "default": ""},
+            "enforce_plan": {"type": "bool", "default": False},
+            "kv_tolerance": {"type": "float", "default": 0.01},
         },
         supports_check_mode=True,
     )
     p = module.params
-    rc, out, err = module.run_command(
-        ["systemctl", "show", p["unit"], "--timestamp=unix", "-p",
-         "InvocationID,InactiveExitTimestamp,ActiveEnterTimestamp,MainPID,NRestarts"]
-    )
-    state = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    started = state.get("InactiveExitTimestamp", "").lstrip("@")
-    active = state.get("ActiveEnterTimestamp", "").lstrip("@")
+    url = p["url"].rstrip("/")
+    try:
+        state = systemd.show(module.run_command, p["unit"], UNIT_PROPERTIES)
+    except RuntimeError as exc:
+        # The endpoint can still be checked; only the startup numbers and timings stay unknown.
+        module.warn(f"{exc}; vLLM's startup numbers are not read")
+        state = {}
     lines: list[str] = []
     if state.get("InvocationID"):
-        rc, out, err = module.run_command(
+        rc, out, _err = module.run_command(
             ["journalctl", f"_SYSTEMD_INVOCATION_ID={state['InvocationID']}", "-o", "cat", "--no-pager"]
         )
         lines = out.splitlines() if rc == 0 else []
     startup = parse_startup(lines)
-    try:
-        stream = stream_completion(p["url"], p["api_key"], p["model"], p["prompt"], p["max_tokens"], p["timeout"])
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        module.fail_json(msg=f"streamed chat completion failed: {exc}", startup=startup)
+    observed = probe_endpoint(url, p["api_key"], p["model"], p["prompt"], p["max_tokens"], p["timeout"])
+    pva = compare_with_plan(startup, p["plan"])
+    failures = verdict(observed, pva, p["model"], p["require_reasoning"], p["reasoning_parser"],
+                       p["enforce_plan"], p["kv_tolerance"])
+    unit = unit_times(state)
+    report = build_report(p["host"], datetime.now(UTC).isoformat(), url, p["model"], p["plan"], observed,
+                          startup, unit, pva, failures)
     module.exit_json(
-        changed=False,
-        stream=stream,
-        startup=startup,
-        plan_vs_actual=compare_with_plan(startup, p["plan"]),
-        unit={
-            "main_pid": int(state.get("MainPID") or 0),
-            "restarts": int(state.get("NRestarts") or 0),
-            "invocation_id": state.get("InvocationID"),
-            "started_at": int(started) if started.isdigit() else None,
-            "healthy_at": int(active) if active.isdigit() else None,
-            "seconds_to_healthy": int(active) - int(started) if started.isdigit() and active.isdigit() else None,
-        },
+        changed=False, passed=not failures, failures=failures, report=report, stream=observed["stream"],
+        startup=startup, plan_vs_actual=pva, unit=unit,
     )
 
 

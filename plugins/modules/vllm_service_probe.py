@@ -8,108 +8,158 @@ DOCUMENTATION = r"""
 module: vllm_service_probe
 short_description: Watch a vLLM systemd unit start (read-only)
 description:
-  - Polls the unit state and the /health URL for at most O(wait) seconds, then returns the status
-    (C(healthy), C(loading) or C(failed)), the recent progress lines of the journal and, on failure,
-    the root-cause lines (for vLLM's KV-cache ValueError also the estimated maximum model length).
-  - Changes nothing; safe in check mode.
+  - Polls the unit state and the C(/health) URL for at most O(wait) seconds, then returns the status
+    (V(healthy), V(loading) or V(failed)), the recent progress lines of the journal and, on failure,
+    the root-cause lines (for vLLM's KV-cache C(ValueError) also the estimated maximum model length and the fix).
+  - With O(wait=0) it looks once; that call also stamps the node's clock (RV(now)) and the running
+    invocation (RV(invocation_id)), which a later watch passes back as O(since) and O(not_invocation).
+  - The action P(vllm_node.vllm_node.vllm_service_wait#module) calls this module repeatedly and prints progress.
+  - Changes nothing.
 options:
-  unit: {description: systemd unit name, type: str, required: true}
-  url: {description: health URL, type: str, required: true}
-  wait: {description: seconds to watch in this call, type: int, default: 15}
-  since: {description: unix time the current start began (from a previous call); default the unit's InactiveExitTimestamp, type: int}
-  restarts: {description: NRestarts seen at the first call; a higher count means the start failed, type: int}
-  not_invocation: {description: InvocationID of the process replaced by a restart; it never counts as healthy, type: str}
+  unit:
+    description: systemd unit name (without C(.service)).
+    type: str
+    required: true
+  url:
+    description: Health URL; it must answer HTTP 200 for the unit to count as healthy.
+    type: str
+    required: true
+  wait:
+    description: Seconds to watch in this call; the call returns earlier when the unit is healthy or failed.
+    type: int
+    default: 15
+  since:
+    description:
+      - Unix time (node clock) the current start began; the journal is read from there.
+      - Default the unit's C(InactiveExitTimestamp).
+    type: int
+  restarts:
+    description: C(NRestarts) seen at the first call of a watch; a higher count means the start failed.
+    type: int
+  not_invocation:
+    description: C(InvocationID) of the process replaced by a restart; it never counts as healthy.
+    type: str
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
+notes:
+  - Needs C(systemctl) and C(journalctl) on the node, and root to read the unit's journal.
 author: vllm-node
 """
 
-import re
-import subprocess
+EXAMPLES = r"""
+- name: Note the unit's invocation and the node time before a restart
+  vllm_node.vllm_node.vllm_service_probe:
+    unit: vllm
+    url: http://127.0.0.1:8000/health
+    wait: 0
+  register: before
+
+- name: Watch one 15 s step of the start that follows
+  vllm_node.vllm_node.vllm_service_probe:
+    unit: vllm
+    url: http://127.0.0.1:8000/health
+    wait: 15
+    since: "{{ before.now - 1 }}"
+    not_invocation: "{{ before.invocation_id }}"
+  register: probe
+"""
+
+RETURN = r"""
+status:
+  description: V(healthy) (active and C(/health) answers 200), V(loading) or V(failed).
+  returned: success
+  type: str
+  sample: loading
+now:
+  description: The node's clock (unix seconds) when the call returned.
+  returned: success
+  type: int
+  sample: 1764600123
+since:
+  description: Unix time the watched start began (pass it to the next call).
+  returned: success
+  type: int
+  sample: 1764600000
+restarts:
+  description: C(NRestarts) the watch compares with (pass it to the next call).
+  returned: success
+  type: int
+  sample: 0
+elapsed:
+  description: Seconds from O(since) to RV(now).
+  returned: success
+  type: int
+  sample: 123
+active_state:
+  description: The unit's C(ActiveState).
+  returned: success
+  type: str
+  sample: activating
+sub_state:
+  description: The unit's C(SubState).
+  returned: success
+  type: str
+  sample: start-post
+main_pid:
+  description: The unit's C(MainPID) (0 when none).
+  returned: success
+  type: int
+  sample: 4242
+invocation_id:
+  description: The unit's current C(InvocationID) (empty when it never ran).
+  returned: success
+  type: str
+  sample: 0d6c3b1b2f6a4a58a5b2f4f0c2b1e9aa
+progress:
+  description: The last journal lines that tell how far loading has come (at most 4, shortened).
+  returned: success
+  type: list
+  elements: str
+  sample: ["Loading safetensors checkpoint shards: 100% Completed | 1/1"]
+latest:
+  description: The last journal line since O(since) (shortened).
+  returned: success
+  type: str
+cause:
+  description: Root-cause lines (distinct exceptions, then systemd's verdict) when RV(status) is V(failed).
+  returned: success
+  type: list
+  elements: str
+kv_cache_error:
+  description: vLLM's KV-cache start-up error as numbers, else null.
+  returned: success
+  type: dict
+  contains:
+    requested_max_model_len:
+      description: The context vLLM was asked to hold.
+      type: int
+    estimated_max_model_len:
+      description: The context vLLM says fits.
+      type: int
+fix:
+  description: The concrete fix for RV(kv_cache_error), else empty.
+  returned: success
+  type: str
+"""
+
 import time
-import urllib.error
-import urllib.request
 from typing import Optional
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import open_url
 
-# Lines worth showing while vLLM loads (shard loading, memory, KV cache, compile, readiness).
-PROGRESS_RE = re.compile(
-    r"Loading (safetensors )?checkpoint shards|Loading weights took|Model loading took|"
-    r"Available KV cache memory|KV cache size|Maximum concurrency|torch\.compile takes|"
-    r"Compiling a graph|Capturing CUDA graph|Graph capturing finished|init engine|Initializing a V1 LLM engine|"
-    r"Starting vLLM API server|Application startup complete|Started vllm|Starting vllm"
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import systemd, vllm_log
+
+PROPERTIES = (
+    "ActiveState", "SubState", "MainPID", "NRestarts", "Result", "InactiveExitTimestamp",
+    "ActiveEnterTimestamp", "LoadState", "InvocationID",
 )
-EXCEPTION_RE = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
-SYSTEMD_FAIL_RE = re.compile(r"Main process exited|Failed with result|Control process exited|Start-post operation timed out")
-# Warnings that merely mention an exception name (e.g. the fd-limit hint naming OSError) are not causes.
-NOISE_RE = re.compile(r"\b(WARNING|INFO|DEBUG)\b")
-MAX_SEQ_RE = re.compile(r"max seq len \((\d+)\)")
-ESTIMATED_RE = re.compile(r"estimated maximum model length is (\d+)")
-ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def parse_show(text: str) -> dict:
-    """Parse `systemctl show` KEY=VALUE output into a dict."""
-    out = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key] = value
-    return out
-
-
-def shorten(line: str, width: int = 180) -> str:
-    """One journal line, cut to `width` characters (vLLM's config dump is kilobytes long)."""
-    line = line.strip()
-    return line if len(line) <= width else line[: width - 3] + "..."
-
-
-def progress_lines(lines: list[str], limit: int = 4) -> list[str]:
-    """The last `limit` journal lines that tell how far the start has come."""
-    picked = [shorten(line) for line in lines if PROGRESS_RE.search(line)]
-    return picked[-limit:]
-
-
-def root_cause(lines: list[str], limit: int = 6) -> list[str]:
-    """The lines that explain a failed start: the last distinct exception messages plus systemd's verdict.
-
-    vLLM prints the same exception from several processes (EngineCore, APIServer); keep each message once.
-    """
-    seen: set[str] = set()
-    causes: list[str] = []
-    for line in reversed(lines):
-        match = None if NOISE_RE.search(line) else EXCEPTION_RE.search(line)
-        if match and match.group(0) not in seen:
-            seen.add(match.group(0))
-            causes.append(shorten(line, 600))
-        if len(causes) >= limit:
-            break
-    causes.reverse()
-    verdict = [line.strip() for line in lines if SYSTEMD_FAIL_RE.search(line)][-2:]
-    return causes + verdict
-
-
-def kv_cache_error(lines: list[str]) -> Optional[dict]:
-    """vLLM's "max seq len ... estimated maximum model length is E" error as numbers, else None."""
-    for line in reversed(lines):
-        estimated = ESTIMATED_RE.search(line)
-        if estimated:
-            requested = MAX_SEQ_RE.search(line)
-            return {
-                "requested_max_model_len": int(requested.group(1)) if requested else None,
-                "estimated_max_model_len": int(estimated.group(1)),
-            }
-    return None
-
-
-def kv_fix(error: dict) -> str:
-    """The concrete fix for a KV-cache startup failure."""
-    estimate = error["estimated_max_model_len"]
-    return (
-        f"vLLM can hold at most {estimate} tokens of context with this memory budget "
-        f"(requested {error['requested_max_model_len']}). Set vllm_node_max_model_len: {estimate} or lower "
-        "(or 'auto' to let the plan choose), or make room for the KV cache: raise vllm_node_gpu_memory_utilization, "
-        "use vllm_node_kv_cache_dtype: fp8_e4m3 where supported, or add GPUs (vllm_node_tensor_parallel_size)."
-    )
+POLL_SECONDS = 2
 
 
 def classify(state: dict, job_pending: bool, restarts: int, not_invocation: Optional[str]) -> str:
@@ -133,15 +183,16 @@ def classify(state: dict, job_pending: bool, restarts: int, not_invocation: Opti
 
 
 def healthy(url: str) -> bool:
-    """True when GET url answers 200."""
+    """True when GET url answers 200 (any error, refusal or timeout is "not yet")."""
     try:
-        with urllib.request.urlopen(url, timeout=5) as response:
+        with open_url(url, method="GET", timeout=5, validate_certs=False) as response:
             return response.status == 200
-    except (urllib.error.URLError, OSError):
+    except Exception:  # pylint: disable=broad-except  # HTTPError, URLError, socket errors alike mean "not yet"
         return False
 
 
 def main() -> None:
+    """Watch the unit for at most `wait` seconds and report."""
     module = AnsibleModule(
         argument_spec={
             "unit": {"type": "str", "required": True},
@@ -156,29 +207,25 @@ def main() -> None:
     unit = module.params["unit"]
 
     def show() -> dict:
-        rc, out, err = module.run_command(
-            ["systemctl", "show", unit, "--timestamp=unix", "-p",
-             "ActiveState,SubState,MainPID,NRestarts,Result,InactiveExitTimestamp,ActiveEnterTimestamp,LoadState,InvocationID"]
-        )
-        if rc != 0:
-            module.fail_json(msg=f"systemctl show {unit} failed: {err}")
-        return parse_show(out)
-
-    state = show()
-    since = module.params["since"]
-    if since is None:
-        stamp = state.get("InactiveExitTimestamp", "").lstrip("@")
-        since = int(stamp) if stamp.isdigit() else int(time.time())
-    restarts = module.params["restarts"]
-    if restarts is None:
-        restarts = int(state.get("NRestarts") or 0)
+        try:
+            return systemd.show(module.run_command, unit, PROPERTIES)
+        except RuntimeError as exc:
+            module.fail_json(msg=str(exc))
+            raise  # not reached: fail_json exits
 
     def pending_job() -> bool:
         rc, out, _err = module.run_command(["systemctl", "list-jobs", "--no-legend", unit])
         return rc == 0 and unit in out
 
+    state = show()
+    since = module.params["since"]
+    if since is None:
+        since = systemd.unix_time(state.get("InactiveExitTimestamp")) or int(time.time())
+    restarts = module.params["restarts"]
+    if restarts is None:
+        restarts = int(state.get("NRestarts") or 0)
+
     deadline = time.monotonic() + max(module.params["wait"], 0)
-    status = "loading"
     while True:
         state = show()
         status = classify(state, pending_job(), restarts, module.params["not_invocation"])
@@ -186,33 +233,36 @@ def main() -> None:
             status = "loading"
         if status != "loading" or time.monotonic() >= deadline:
             break
-        time.sleep(2)
+        time.sleep(POLL_SECONDS)
 
     rc, out, _err = module.run_command(
         ["journalctl", "-u", unit, "--since", f"@{since}", "-o", "cat", "--no-pager", "-n", "5000"]
     )
-    lines = [ANSI_RE.sub("", line) for line in out.splitlines()] if rc == 0 else []
+    lines = vllm_log.strip_colors(out.splitlines()) if rc == 0 else []
+    now = int(time.time())
     result = {
         "changed": False,
         "status": status,
+        "now": now,
         "since": since,
         "restarts": restarts,
-        "elapsed": int(time.time()) - since,
+        "elapsed": now - since,
         "active_state": state.get("ActiveState"),
         "sub_state": state.get("SubState"),
         "main_pid": int(state.get("MainPID") or 0),
-        "progress": progress_lines(lines),
-        "latest": shorten(lines[-1]) if lines else "",
+        "invocation_id": state.get("InvocationID") or "",
+        "progress": vllm_log.progress_lines(lines),
+        "latest": vllm_log.shorten(lines[-1]) if lines else "",
         "cause": [],
         "kv_cache_error": None,
         "fix": "",
     }
     if status == "failed":
-        result["cause"] = root_cause(lines)
-        error = kv_cache_error(lines)
+        result["cause"] = vllm_log.root_cause(lines)
+        error = vllm_log.kv_cache_error(lines)
         if error:
             result["kv_cache_error"] = error
-            result["fix"] = kv_fix(error)
+            result["fix"] = vllm_log.kv_fix(error)
     module.exit_json(**result)
 
 

@@ -99,3 +99,17 @@ def test_bad_input_is_refused_with_a_fix(tmp_path: Path, bad: dict[str, Any]) ->
     proc, facts = run(tmp_path, default_data(), **bad)
     assert proc.returncode != 0 and facts == {}
     assert "Fix the variables" in proc.stdout
+
+
+def test_an_nvidia_smi_answer_that_is_not_the_asked_csv_falls_back_to_lspci(tmp_path: Path) -> None:
+    """A tool that answers rc 0 with something else (here: units left on) is not trusted; lspci is asked."""
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho '0, NVIDIA RTX PRO 6000 Blackwell Server Edition, 97887 MiB, 12.0, "
+                   "00000000:01:00.0, 0x2BB510DE, 580.95.05'\n")
+    smi.chmod(0o755)
+    data = default_data()
+    data["gpus"] = data["gpus"][:2]
+    proc, facts = run(tmp_path, data, node_facts_nvidia_smi=str(smi))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (facts["source"], facts["driver"], len(facts["gpus"])) == ("lspci", "", 2)
+    assert facts["gpus"][0]["memory_total_mib"] is None

@@ -20,7 +20,7 @@ GOOD_GPU: dict[str, Any] = {"kind": "cuda", "name": "NVIDIA Future", "memory_mib
 
 
 def merged(extra: dict[str, Any], product: dict[str, Any]) -> dict[str, Any]:
-    """What the role's recursive combine produces for these keys (enough for the shallow amendments used here)."""
+    """What the role's recursive combine gives for these keys (enough for the shallow amendments used here)."""
     return {key: {**product.get(key, {}), **value} if isinstance(value, dict) else value for key, value in extra.items()}
 
 
@@ -66,13 +66,15 @@ def test_gpu_problems_are_named_with_the_fix() -> None:
     assert "compute_capability is 12.0: set it as a quoted string" in errors
     assert "memory_mib is None" in errors
     assert "pci_ids must be 'vendor:device'" in errors
-    assert catalog.gpu_entry_errors("x", {"kind": "tpu"}) == ["vllm_node_extra_gpus['x'].kind must be cuda or cpu; got 'tpu'."]
+    assert catalog.gpu_entry_errors("x", {"kind": "tpu"}) == [
+        "vllm_node_extra_gpus['x'].kind must be cuda or cpu; got 'tpu'."]
     assert "kv_cache_space_gib" in catalog.gpu_entry_errors("big-cpu", {"kind": "cpu"})[0]
 
 
 def test_not_a_mapping_is_refused() -> None:
     assert "must be a mapping of catalog key -> entry" in catalog.catalog_errors(["small"], {}, "models")[0]
-    assert "must be a mapping of fields" in catalog.catalog_errors({"small": "acme/x"}, {"small": "acme/x"}, "models")[0]
+    errors = catalog.catalog_errors({"small": "acme/x"}, {"small": "acme/x"}, "models")
+    assert "must be a mapping of fields" in errors[0]
 
 
 def test_the_fixture_catalog_is_a_valid_extra_catalog() -> None:

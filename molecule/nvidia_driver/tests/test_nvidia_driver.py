@@ -19,9 +19,10 @@ PACKAGES = {
                        "nvidia-persistenced", "nvidia-fabricmanager-580", "nvlsm", "libnvsdm", "cuda-toolkit-12-8"],
 }
 NEVER = ["cuda", "cuda-drivers", "cuda-drivers-580", "nvidia-kernel-dkms", "nvidia-dkms-580", "nvidia-fabricmanager"]
+# The GPU record schema of node_facts_gpus: bus id as lspci -D prints it, PCI id as lspci -nn does.
 GPUS = {
-    "nvdrv-noble": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0", "00000000:01:00.0"),
-    "nvdrv-bookworm": ("NVIDIA B200", 183359, "10.0", "00000000:18:00.0"),
+    "nvdrv-noble": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97887, "12.0", "0000:01:00.0", "10de:2bb5"),
+    "nvdrv-bookworm": ("NVIDIA B200", 183359, "10.0", "0000:18:00.0", "10de:2901"),
 }
 
 
@@ -121,13 +122,13 @@ def test_cuda_toolkit_only_where_asked(host):
 
 def test_published_facts_come_from_nvidia_smi(host):
     data = facts(host)
-    gpu_name, memory, capability, bus_id = GPUS[name(host)]
+    gpu_name, memory, capability, bus_id, device_id = GPUS[name(host)]
     assert data["version"] == WANTED and data["installed_version"] == WANTED
     assert data["flavour"] == "open" and data["blackwell"] is True and data["reboot_required"] is False
     assert len(data["gpus"]) == 8
     first = data["gpus"][0]
-    assert first == {"index": 0, "name": gpu_name, "memory_mib": memory, "compute_capability": capability,
-                     "pci_bus_id": bus_id}
+    assert first == {"index": 0, "name": gpu_name, "memory_total_mib": memory, "compute_capability": capability,
+                     "pci_bus_id": bus_id, "pci_device_id": device_id}
     assert [g["index"] for g in data["gpus"]] == list(range(8))
     assert data["cuda_home"] == ("/usr/local/cuda-12.8" if name(host) == "nvdrv-bookworm" else "")
 

@@ -178,6 +178,13 @@ def test_unit_renders_the_plan(host):
     assert '"HF_HUB_OFFLINE=1"' in text
     assert "VLLM_CACHE_ROOT=/var/lib/vllm/cache/vllm" in text
     assert '"--enforce-eager"' in text
+    # The unit runs exactly the command the preflight computed (plan.service), nothing assembled elsewhere.
+    service = plan()["service"]
+    exec_start = text.split("ExecStart=", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r'"((?:[^"\\]|\\.)*)"', exec_start)[3:] == service["argv"]
+    for name, value in service["environment"].items():
+        assert f'"{name}={value}"' in text
+    assert f"TimeoutStartSec={service['start_timeout']}\n" in text
     assert host.file("/var/lib/vllm/cache").user == "vllm"
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .argv import ServiceInputs, service_command
 from .backends import Backend, attention_backend, checkpoint_kv_cache_dtype, fp8_support_since, resolve_kv_cache_dtype
 from .errors import SizingError
 from .inputs import PlanInputs
@@ -36,10 +37,16 @@ __all__ = [
     "Backend", "GiB", "KVLayout", "LayerSpec", "MiB", "ModelShape", "PlanInputs", "SizingError",
     "attention_backend", "cdiv", "checkpoint_kv_cache_dtype", "format_bytes", "fp8_support_since",
     "kv_cache_bytes", "kv_cache_tokens", "kv_layout", "max_model_len", "memory_plan", "model_shape", "plan",
-    "pp_stages", "resolve_kv_cache_dtype", "rule", "text_config", "version_tuple",
+    "pp_stages", "resolve_kv_cache_dtype", "rule", "service", "text_config", "version_tuple",
 ]
 
 
 def memory_plan(config: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
     """vllm_memory_plan: the plan for config.json and the filter's keyword arguments (releases required)."""
     return plan(PlanInputs.from_kwargs(config, **kwargs))
+
+
+def service(plan_result: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """vllm_service_command: the service's argv, environment, start timeout and fingerprint from a plan and
+    ServiceInputs (model_dir, listen_address, port, serving, extra_args, extra_environment, start_timeout)."""
+    return service_command(plan_result, ServiceInputs.from_kwargs(**kwargs))

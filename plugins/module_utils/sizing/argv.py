@@ -1,9 +1,21 @@
-"""The ONLY place that renders vLLM command-line flags and environment from a plan."""
+"""The ONLY place that renders vLLM command-line flags and environment from a plan.
+
+planned_args / planned_environment: the sizing flags of the plan (vllm_args, environment).
+service_command: the service's whole command (argv, environment, start timeout, fingerprint) from a plan and
+what the node adds (model directory, listen address, the catalog's serving block, the user's extras); extras
+that repeat or contradict a planned flag are refused, naming the knob to set instead.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
 from .context import Sizing
-from .units import GiB, is_auto
+from .errors import SizingError
+from .units import GiB, MiB, is_auto, to_int
 
 
 def planned_args(s: Sizing, kv_cache_dtype_arg: str) -> list[str]:
@@ -39,3 +51,132 @@ def planned_environment(s: Sizing) -> dict[str, str]:
         environment["VLLM_PP_LAYER_PARTITION"] = (partition if isinstance(partition, str)
                                                   else ",".join(str(x) for x in partition))
     return environment
+
+
+# Flags the plan or a node-wide knob decides, and what to set instead. An extra argument repeating one of them
+# would win over the planned value (argparse: the last occurrence wins) and run something that was not planned.
+_OWNED_FLAGS = {
+    "--model": "vllm_node_model (the model is served from vllm_node_model_root/<repo>)",
+    "--served-model-name": "vllm_node_served_model_name",
+    "--host": "vllm_node_listen_address",
+    "--port": "vllm_node_port",
+    "--api-key": "vllm_node_api_key (kept in a root-only EnvironmentFile, never on the command line)",
+    "--tensor-parallel-size": "vllm_node_tensor_parallel_size",
+    "--pipeline-parallel-size": "vllm_node_pipeline_parallel_size",
+    "--decode-context-parallel-size": "vllm_node_decode_context_parallel_size",
+    "--max-model-len": "vllm_node_max_model_len",
+    "--gpu-memory-utilization": "vllm_node_gpu_memory_utilization",
+    "--kv-cache-dtype": "vllm_node_kv_cache_dtype",
+    "--enforce-eager": "preflight_enforce_eager (the cpu device always runs eager)",
+    "--block-size": "nothing: the plan uses the attention backend's block size, which the KV estimate depends on",
+    "--max-num-batched-tokens": "nothing: the plan uses vLLM's default for this GPU, which the memory estimate "
+                                "depends on",
+    "--max-num-seqs": "nothing: the plan uses vLLM's default for this GPU, which the memory estimate depends on",
+    "--trust-remote-code": "serving.trust_remote_code of the model's catalog entry",
+    "--reasoning-parser": "serving.reasoning_parser of the model's catalog entry",
+    "--tool-call-parser": "serving.tool_call_parser of the model's catalog entry",
+}
+_ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
+            "-dcp": "--decode-context-parallel-size"}
+_WILDCARDS = ("0.0.0.0", "::", "")
+_LOAD_BYTES_PER_SECOND = 100 * MiB     # checkpoint read + load
+_START_OVERHEAD_SECONDS = 1200         # imports, compilation, profiling: minutes on a host with few free cores
+
+
+@dataclass(frozen=True)
+class ServiceInputs:
+    """What the node adds to a plan to run it: where the model is, where to listen, the catalog's serving block
+    and the user's extras."""
+
+    model_dir: str
+    listen_address: str = "127.0.0.1"
+    port: int = 8000
+    serving: dict[str, Any] = field(default_factory=dict)   # trust_remote_code, *_parser, extra_args
+    extra_args: tuple[str, ...] = ()
+    extra_environment: dict[str, str] = field(default_factory=dict)
+    start_timeout: int | None = None                         # None: sized from the checkpoint
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServiceInputs:
+        """Validated inputs from the filter's keyword arguments."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise SizingError(f"unknown keyword argument(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        if not kwargs.get("model_dir"):
+            raise SizingError("model_dir (the model's directory on the node) is required")
+        values = dict(kwargs)
+        values["port"] = to_int("port", kwargs.get("port", 8000))
+        values["serving"] = dict(kwargs.get("serving") or {})
+        values["extra_args"] = tuple(str(a) for a in kwargs.get("extra_args") or ())
+        values["extra_environment"] = {str(k): str(v) for k, v in (kwargs.get("extra_environment") or {}).items()}
+        timeout = kwargs.get("start_timeout")
+        values["start_timeout"] = None if timeout in (None, "") else to_int("start_timeout", timeout)
+        return cls(**values)
+
+
+def _flag_name(arg: str) -> str:
+    name = arg.split("=", 1)[0]
+    name = _ALIASES.get(name, name)
+    return "--" + name[2:].replace("_", "-") if name.startswith("--") else name
+
+
+def refuse_owned_flags(args: tuple[str, ...] | list[str], source: str) -> None:
+    """SizingError for an argument that repeats or contradicts a planned flag, naming the knob to use."""
+    if args and not args[0].startswith("-"):
+        raise SizingError(f"{source} starts with {args[0]!r}, a positional model argument; the model is set by "
+                          f"{_OWNED_FLAGS['--model']}")
+    for arg in args:
+        owner = _OWNED_FLAGS.get(_flag_name(arg)) if arg.startswith("-") else None
+        if owner:
+            raise SizingError(f"{_flag_name(arg)} in {source} is set by the plan or a knob; use {owner} instead")
+
+
+def _serving_args(serving: dict[str, Any]) -> list[str]:
+    """The catalog entry's serving flags: remote code, parsers (a tool parser needs auto tool choice), extras."""
+    extra = [str(a) for a in serving.get("extra_args") or []]
+    refuse_owned_flags(extra, "the catalog entry's serving.extra_args")
+    args = ["--trust-remote-code"] if serving.get("trust_remote_code") else []
+    if serving.get("reasoning_parser"):
+        args += ["--reasoning-parser", str(serving["reasoning_parser"])]
+    tool_parser = serving.get("tool_call_parser")
+    if tool_parser and "--enable-auto-tool-choice" not in extra:
+        args += ["--enable-auto-tool-choice"]
+    if tool_parser:
+        args += ["--tool-call-parser", str(tool_parser)]
+    return args + extra
+
+
+def _service_environment(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, str]:
+    """The plan's environment, the device's (the cpu build binds torch.distributed to VLLM_HOST_IP), the user's."""
+    environment = {str(k): str(v) for k, v in (plan.get("environment") or {}).items()}
+    if plan.get("device") == "cpu":
+        environment["VLLM_HOST_IP"] = "127.0.0.1" if inputs.listen_address in _WILDCARDS else inputs.listen_address
+    clash = sorted(set(inputs.extra_environment) & set(environment))
+    if clash:
+        raise SizingError(f"the extra environment sets {', '.join(clash)}, which the plan sets "
+                          f"({', '.join(f'{k}={environment[k]}' for k in clash)}); drop it from the extra environment")
+    return dict(sorted({**environment, **inputs.extra_environment}.items()))
+
+
+def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, Any]:
+    """The service's whole vLLM command from a plan: argv (after the interpreter / entrypoint), environment,
+    start timeout and a fingerprint over the three (sha256, stable ordering)."""
+    for key in ("served_model_name", "vllm_args", "device"):
+        if key not in plan:
+            raise SizingError(f"the plan has no {key}: pass the vllm_memory_plan result")
+    refuse_owned_flags(inputs.extra_args, "the extra arguments")
+    argv = ["--model", inputs.model_dir, "--served-model-name", str(plan["served_model_name"]),
+            "--host", inputs.listen_address, "--port", str(inputs.port)]
+    argv += [str(a) for a in plan["vllm_args"]] + _serving_args(inputs.serving)
+    if plan["device"] == "cpu":   # the cpu build runs eager (no CUDA graphs); the plan's cuda rule is in planned_args
+        argv += ["--enforce-eager"]
+    argv += list(inputs.extra_args)
+    if inputs.start_timeout is not None:
+        timeout = inputs.start_timeout
+    else:
+        checkpoint = to_int("the plan's checkpoint_bytes", plan.get("checkpoint_bytes", 0) or 0)
+        timeout = _START_OVERHEAD_SECONDS + checkpoint // _LOAD_BYTES_PER_SECOND
+    command = {"argv": argv, "environment": _service_environment(plan, inputs), "start_timeout": timeout}
+    digest = hashlib.sha256(json.dumps(command, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return dict(command, fingerprint=digest)

@@ -15,11 +15,12 @@ from sizing_cases import KIMI, STORY_HARDWARE, TINY_LLAMA
 
 ROOT = Path(__file__).resolve().parents[4]
 FILTERS = ("vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_kv_cache_tokens", "vllm_memory_plan")
+DOCUMENTED = (*FILTERS, "vllm_service_command")
 
 
 def test_filters_are_exposed_to_ansible(releases: dict[str, Any]) -> None:
     filters = vllm_sizing.FilterModule().filters()
-    assert set(filters) == set(FILTERS)
+    assert set(filters) == set(DOCUMENTED)
     assert filters["vllm_kv_cache_bytes"](TINY_LLAMA, 4096, releases=releases) == 4096 * 512
     with pytest.raises(Exception, match="^tensor_parallel_size 3 does not divide"):
         filters["vllm_kv_cache_bytes"](TINY_LLAMA, 4096, tensor_parallel_size=3, releases=releases)
@@ -51,7 +52,15 @@ def test_unknown_keywords_are_refused_not_ignored(releases: dict[str, Any]) -> N
                     max_model_length=2048)
 
 
-@pytest.mark.parametrize("name", FILTERS)
+def test_service_command_refusal_is_a_filter_error(releases: dict[str, Any]) -> None:
+    filters = vllm_sizing.FilterModule().filters()
+    plan = filters["vllm_memory_plan"](TINY_LLAMA, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, releases=releases)
+    refused = r"^--port in the extra arguments is set by the plan or a knob; use vllm_node_port instead"
+    with pytest.raises(Exception, match=refused):
+        filters["vllm_service_command"](plan, model_dir="/m", extra_args=["--port", "9000"])
+
+
+@pytest.mark.parametrize("name", DOCUMENTED)
 def test_ansible_doc_prints_the_filter_documentation(name: str) -> None:
     """ansible-doc reads plugins/filter/<name>.yml (the sidecar of a multi-filter file)."""
     ansible_doc = Path(sys.executable).with_name("ansible-doc")
@@ -62,4 +71,4 @@ def test_ansible_doc_prints_the_filter_documentation(name: str) -> None:
     assert f"vllm_node.vllm_node.{name}" in result.stdout
     for section in ("OPTIONS", "EXAMPLES", "RETURN"):
         assert section in result.stdout, f"{name}: no {section} in ansible-doc output"
-    assert "releases" in result.stdout
+    assert ("model_dir" if name == "vllm_service_command" else "releases") in result.stdout

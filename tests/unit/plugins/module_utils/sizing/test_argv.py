@@ -1,0 +1,120 @@
+"""argv.py: the service's whole command from a plan (argv, environment, start timeout, fingerprint) and the
+refusal of extra arguments that repeat or contradict a planned flag."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
+from sizing_cases import KIMI, STORY_HARDWARE, TINY_LLAMA
+
+MiB = 1 << 20
+KIMI_SERVING = {"trust_remote_code": True, "reasoning_parser": "kimi_k2", "tool_call_parser": "kimi_k2",
+                "extra_args": ["--enable-auto-tool-choice", "--mm-encoder-tp-mode", "data"]}
+
+
+@pytest.fixture
+def cpu_plan(releases: dict[str, Any]) -> dict[str, Any]:
+    plan = sizing.memory_plan(TINY_LLAMA, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, releases=releases,
+                              repo="vllm-node-test/tiny-llama", model_key="tiny-llama")
+    return dict(plan, checkpoint_bytes=819840)
+
+
+@pytest.fixture
+def story_plan(releases: dict[str, Any]) -> dict[str, Any]:
+    plan = sizing.memory_plan(KIMI, releases=releases, kv_cache_dtype="bfloat16", max_model_len=131072,
+                              gpu_memory_utilization=0.95, **STORY_HARDWARE)
+    return dict(plan, checkpoint_bytes=591_000_000_000)
+
+
+def test_cpu_demo_command_is_the_one_the_unit_ran(cpu_plan: dict[str, Any]) -> None:
+    """The order the role used to assemble in YAML: node flags, the plan's, the catalog's, eager on cpu, extras."""
+    service = sizing.service(cpu_plan, model_dir="/srv/vllm/models/vllm-node-test/tiny-llama",
+                             listen_address="0.0.0.0", port=8000, serving={"trust_remote_code": False,
+                                                                            "extra_args": []})
+    assert service["argv"] == [
+        "--model", "/srv/vllm/models/vllm-node-test/tiny-llama", "--served-model-name", "vllm-node-test/tiny-llama",
+        "--host", "0.0.0.0", "--port", "8000", *cpu_plan["vllm_args"], "--enforce-eager"]
+    assert service["environment"] == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
+    assert service["start_timeout"] == 1200     # 819,840 bytes load in well under a second
+    assert set(service) == {"argv", "environment", "start_timeout", "fingerprint"}
+
+
+def test_story_command_carries_the_catalog_serving_block(story_plan: dict[str, Any]) -> None:
+    service = sizing.service(story_plan, model_dir="/srv/vllm/models/nvidia/Kimi-K2.5-NVFP4", serving=KIMI_SERVING,
+                             extra_args=["--enable-prefix-caching"], extra_environment={"NCCL_DEBUG": "WARN"})
+    argv = service["argv"]
+    assert argv[argv.index("--max-model-len") + 1] == "131072"
+    assert argv[-9:] == ["--trust-remote-code", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2",
+                         "--enable-auto-tool-choice", "--mm-encoder-tp-mode", "data", "--enable-prefix-caching"]
+    assert "--enforce-eager" not in argv
+    assert service["environment"] == {"NCCL_DEBUG": "WARN"}
+    # From the checkpoint the plan carries: 1200 s + 591 GB at 100 MiB/s.
+    assert service["start_timeout"] == 1200 + 591_000_000_000 // (100 * MiB)
+
+
+def test_a_tool_parser_turns_on_auto_tool_choice_once(story_plan: dict[str, Any]) -> None:
+    serving = dict(KIMI_SERVING, extra_args=[])
+    argv = sizing.service(story_plan, model_dir="/m", serving=serving)["argv"]
+    assert argv.count("--enable-auto-tool-choice") == 1
+
+
+def test_the_start_timeout_follows_the_plans_checkpoint_or_the_override(story_plan: dict[str, Any]) -> None:
+    small = sizing.service(dict(story_plan, checkpoint_bytes=100 * MiB * 60), model_dir="/m")
+    assert small["start_timeout"] == 1260
+    assert sizing.service(story_plan, model_dir="/m", start_timeout="900")["start_timeout"] == 900
+
+
+def test_the_fingerprint_is_stable_and_covers_argv_environment_and_timeout(cpu_plan: dict[str, Any]) -> None:
+    def fingerprint(**kwargs: Any) -> str:
+        return str(sizing.service(cpu_plan, **dict({"model_dir": "/m"}, **kwargs))["fingerprint"])
+
+    base = fingerprint()
+    assert len(base) == 64 and base == fingerprint()
+    assert base == fingerprint(extra_environment={})      # nothing added, nothing changed
+    assert len({base, fingerprint(port=9000), fingerprint(extra_environment={"A": "1"}),
+                fingerprint(start_timeout=60), fingerprint(extra_args=["--seed", "1"])}) == 5
+
+
+@pytest.mark.parametrize(("extra", "knob"), [
+    (["--max-model-len", "8192"], "vllm_node_max_model_len"),
+    (["--max_model_len=8192"], "vllm_node_max_model_len"),
+    (["--port", "9000"], "vllm_node_port"),
+    (["--host=0.0.0.0"], "vllm_node_listen_address"),
+    (["-tp", "2"], "vllm_node_tensor_parallel_size"),
+    (["--tensor-parallel-size", "2"], "vllm_node_tensor_parallel_size"),
+    (["--kv-cache-dtype", "fp8"], "vllm_node_kv_cache_dtype"),
+    (["--gpu-memory-utilization", "0.99"], "vllm_node_gpu_memory_utilization"),
+    (["--enforce-eager"], "preflight_enforce_eager"),
+    (["--served-model-name", "x"], "vllm_node_served_model_name"),
+    (["--model", "/elsewhere"], "vllm_node_model"),
+    (["/elsewhere"], "vllm_node_model"),
+    (["--api-key", "secret"], "vllm_node_api_key"),
+    (["--seed", "1", "--max-num-seqs", "8"], "memory estimate"),
+])
+def test_extra_arguments_that_repeat_a_planned_flag_are_refused(story_plan: dict[str, Any], extra: list[str],
+                                                                 knob: str) -> None:
+    with pytest.raises(sizing.SizingError, match=knob):
+        sizing.service(story_plan, model_dir="/m", extra_args=extra)
+
+
+def test_the_catalogs_extra_args_are_held_to_the_same_rule(story_plan: dict[str, Any]) -> None:
+    serving = dict(KIMI_SERVING, extra_args=["--max-model-len", "65536"])
+    with pytest.raises(sizing.SizingError, match=r"catalog entry's serving.extra_args .*vllm_node_max_model_len"):
+        sizing.service(story_plan, model_dir="/m", serving=serving)
+
+
+def test_extra_environment_may_not_override_the_plan(cpu_plan: dict[str, Any]) -> None:
+    with pytest.raises(sizing.SizingError, match=r"VLLM_CPU_KVCACHE_SPACE, which the plan sets \(VLLM_CPU_KVCACHE"):
+        sizing.service(cpu_plan, model_dir="/m", extra_environment={"VLLM_CPU_KVCACHE_SPACE": "8"})
+
+
+def test_bad_service_inputs_are_named(cpu_plan: dict[str, Any]) -> None:
+    with pytest.raises(sizing.SizingError, match="model_dir"):
+        sizing.service(cpu_plan)
+    with pytest.raises(sizing.SizingError, match="unknown keyword argument"):
+        sizing.service(cpu_plan, model_dir="/m", extra_argv=["--seed"])
+    with pytest.raises(sizing.SizingError, match="the plan has no vllm_args"):
+        sizing.service({"device": "cpu", "served_model_name": "x"}, model_dir="/m")
