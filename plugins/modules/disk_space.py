@@ -17,13 +17,8 @@ options:
     description: Absolute path; it need not exist.
     type: path
     required: true
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - vllm_node.vllm_node.read_only
 author: vllm-node
 """
 

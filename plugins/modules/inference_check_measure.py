@@ -68,13 +68,8 @@ options:
     description: Allowed relative difference of the KV cache tokens (0.01 is 1 %).
     type: float
     default: 0.01
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - vllm_node.vllm_node.read_only
 author: vllm-node
 """
 

@@ -16,14 +16,6 @@ description:
   - The action P(vllm_node.vllm_node.vllm_service_wait#module) calls this module repeatedly and prints progress.
   - Changes nothing.
 options:
-  unit:
-    description: systemd unit name (without C(.service)).
-    type: str
-    required: true
-  url:
-    description: Health URL; it must answer HTTP 200 for the unit to count as healthy.
-    type: str
-    required: true
   wait:
     description: Seconds to watch in this call; the call returns earlier when the unit is healthy or failed.
     type: int
@@ -39,13 +31,9 @@ options:
   not_invocation:
     description: C(InvocationID) of the process replaced by a restart; it never counts as healthy.
     type: str
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - vllm_node.vllm_node.read_only
+  - vllm_node.vllm_node.read_only.service_watch
 notes:
   - Needs C(systemctl) and C(journalctl) on the node, and root to read the unit's journal.
 author: vllm-node

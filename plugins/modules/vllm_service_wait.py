@@ -17,14 +17,6 @@ description:
     it does not fail on a failed start, so the caller can roll back.
   - Changes nothing.
 options:
-  unit:
-    description: systemd unit name (without C(.service)).
-    type: str
-    required: true
-  url:
-    description: Health URL; it must answer HTTP 200 for the unit to count as healthy.
-    type: str
-    required: true
   timeout:
     description: Seconds from O(since) after which the watch gives up (the status is then still V(loading)).
     type: int
@@ -46,12 +38,9 @@ attributes:
   action:
     support: full
     description: Runs on the controller and calls the probe module on the node.
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Nothing to diff.
+extends_documentation_fragment:
+  - vllm_node.vllm_node.read_only
+  - vllm_node.vllm_node.read_only.service_watch
 seealso:
   - module: vllm_node.vllm_node.vllm_service_probe
 author: vllm-node
