@@ -169,6 +169,15 @@ def test_secret_files(host):
     assert secret not in host.check_output(f"tr '\\0' ' ' < /proc/{pid}/cmdline")
 
 
+def exec_start_line(unit_text: str) -> str:
+    """The ExecStart= value of a unit, its backslash-continued lines joined (what follows it is not part of it)."""
+    lines = unit_text.split("ExecStart=", 1)[1].splitlines()
+    taken = [lines[0]]
+    while taken[-1].endswith("\\") and len(taken) < len(lines):
+        taken.append(lines[len(taken)])
+    return " ".join(taken)
+
+
 def test_unit_renders_the_plan(host):
     text = host.file("/etc/systemd/system/vllm.service").content_string
     for arg in plan()["vllm_args"]:
@@ -180,7 +189,7 @@ def test_unit_renders_the_plan(host):
     assert '"--enforce-eager"' in text
     # The unit runs exactly the command the preflight computed (plan.service), nothing assembled elsewhere.
     service = plan()["service"]
-    exec_start = text.split("ExecStart=", 1)[1].split("\n\n", 1)[0]
+    exec_start = exec_start_line(text)
     assert re.findall(r'"((?:[^"\\]|\\.)*)"', exec_start)[3:] == service["argv"]
     for name, value in service["environment"].items():
         assert f'"{name}={value}"' in text
