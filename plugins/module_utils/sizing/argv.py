@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from .context import Sizing
-from .errors import SizingError
+from .errors import SizingError, refuse_unknown_keywords
 from .units import GiB, MiB, is_auto, to_int
 
 
@@ -100,9 +100,7 @@ class ServiceInputs:
     def from_kwargs(cls, **kwargs: Any) -> ServiceInputs:
         """Validated inputs from the filter's keyword arguments."""
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise SizingError(f"unknown keyword argument(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        refuse_unknown_keywords(kwargs, known)
         if not kwargs.get("model_dir"):
             raise SizingError("model_dir (the model's directory on the node) is required")
         values = dict(kwargs)

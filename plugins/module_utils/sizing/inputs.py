@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import SizingError
+from .errors import SizingError, refuse_unknown_keywords
 from .units import GiB, MiB, is_auto, to_int
 from .versions import Releases, releases_data, version_tuple
 
@@ -48,9 +48,7 @@ class PlanInputs:
     def from_kwargs(cls, config: dict[str, Any], **kwargs: Any) -> PlanInputs:
         """Inputs from the filter's keyword arguments; unknown names and a non-version are refused."""
         known = {f.name for f in fields(cls)} - {"config"}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise SizingError(f"unknown keyword argument(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        refuse_unknown_keywords(kwargs, known)
         values = dict(kwargs, releases=releases_data(kwargs.get("releases")))
         values["vllm_version"] = str(kwargs.get("vllm_version") or "0.33.0")
         version_tuple(values["vllm_version"])

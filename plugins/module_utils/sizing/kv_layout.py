@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .backends import Backend, attention_backend, resolve_kv_cache_dtype
-from .errors import SizingError
+from .errors import SizingError, refuse_unknown_keywords
 from .model import DTYPE_BYTES, ModelShape, kv_bytes
 from .parallel import kv_heads_per_rank, validate_parallel
 from .units import cdiv, is_auto, to_int
@@ -258,9 +258,7 @@ class LayoutInputs:
     def from_kwargs(cls, **kwargs: Any) -> LayoutInputs:
         """Validated inputs from filter keyword arguments ('auto' and numeric strings accepted)."""
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise SizingError(f"unknown keyword argument(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        refuse_unknown_keywords(kwargs, known)
         values = dict(kwargs, releases=releases_data(kwargs.get("releases")))
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "decode_context_parallel_size"):
             raw = values.get(name, 1)
