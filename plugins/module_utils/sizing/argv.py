@@ -177,4 +177,5 @@ def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, An
         timeout = _START_OVERHEAD_SECONDS + checkpoint // _LOAD_BYTES_PER_SECOND
     command = {"argv": argv, "environment": _service_environment(plan, inputs), "start_timeout": timeout}
     digest = hashlib.sha256(json.dumps(command, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return dict(command, fingerprint=digest)
+    # Where it listens, as the argv says it: the health URL is built from these (one source for --host/--port).
+    return dict(command, fingerprint=digest, listen_address=inputs.listen_address, port=inputs.port)
