@@ -168,17 +168,18 @@ def pp_stages(num_layers: int, pp: int, partition: Any = None) -> tuple[tuple[in
     return tuple(stages)
 
 
-def attention_bytes_per_token(shape: ModelShape, kv_dtype: str, tp: int) -> int:
-    """KV bytes one token costs in one attention layer on one rank."""
+def attention_bytes_per_token(shape: ModelShape, kv_dtype: str, tp: int, layer: int = 0) -> int:
+    """KV bytes one token costs in one attention layer on one rank (the layer's own head geometry)."""
     if shape.mla:
         if kv_dtype == "nvfp4":
             raise SizingError("nvfp4 KV cache is not available for MLA models; use bfloat16 or fp8")
         # latent cache, replicated on every TP rank (+ the sparse indexer's keys, approximated per layer)
         return shape.mla_dim * kv_bytes(kv_dtype) + shape.indexer_bytes
-    heads = kv_heads_per_rank(shape.num_kv_heads, tp)
+    head_dim, num_kv = shape.heads_of(layer)
+    heads = kv_heads_per_rank(num_kv, tp)
     if kv_dtype == "nvfp4":
-        return heads * 2 * (shape.head_dim // 2 + shape.head_dim // 16)
-    return heads * 2 * shape.head_dim * kv_bytes(kv_dtype)
+        return heads * 2 * (head_dim // 2 + head_dim // 16)
+    return heads * 2 * head_dim * kv_bytes(kv_dtype)
 
 
 def _divide(name: str, value: int, tp: int) -> int:
@@ -208,13 +209,13 @@ def _state_bytes(shape: ModelShape, kind: str, tp: int) -> int:
 
 def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
     """unify_kv_cache_spec_page_size: grow smaller attention blocks by the page ratio, else pad."""
-    pages = {s.page for s in specs}
+    pages = {s.page for s in specs if s.kind != "shared"}
     if len(pages) <= 1:
         return specs
     top = max(pages)
     out = []
     for s in specs:
-        if s.page == top:
+        if s.page == top or s.kind == "shared":
             out.append(s)
         elif s.kind == "mamba":
             out.append(replace(s, page=top))
@@ -229,12 +230,17 @@ def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
 
 
 def _group_layers(specs: list[LayerSpec]) -> list[tuple[int, ...]]:
-    """vLLM's grouping: one group when uniform, else equal-size groups per spec bucket (with padding)."""
-    if all(s == specs[0] for s in specs) or all(s.same_type(specs[0]) for s in specs):
-        return [tuple(range(len(specs)))]
+    """vLLM's grouping: one group when uniform, else equal-size groups per spec bucket (with padding).
+
+    Layers that reuse another layer's KV (kind shared) hold no cache and join no group.
+    """
+    own = [i for i, s in enumerate(specs) if s.kind != "shared"]
+    first = specs[own[0]]
+    if all(specs[i] == first for i in own) or all(specs[i].same_type(first) for i in own):
+        return [tuple(own)]
     buckets: dict[LayerSpec, list[int]] = {}
-    for i, s in enumerate(specs):
-        buckets.setdefault(s, []).append(i)
+    for i in own:
+        buckets.setdefault(specs[i], []).append(i)
     sizes = [len(v) for v in buckets.values()]
     group_size = min(sizes)
     if max(sizes) < min(sizes) * 1.5:
@@ -295,20 +301,24 @@ def _hybrid_block(shape: ModelShape, backend: Backend, block: int, per_token: in
     return block
 
 
-def _layer_specs(shape: ModelShape, block: int, per_token: int, state_pages: dict[str, int],
+def _layer_specs(shape: ModelShape, block: int, per_token: list[int], state_pages: dict[str, int],
                  mode: Any) -> list[LayerSpec]:
+    """One spec per layer; per_token holds each layer's attention bytes per token (its own head geometry)."""
     specs: list[LayerSpec] = []
-    for kind in shape.kinds:
+    for i, kind in enumerate(shape.kinds):
+        cost = per_token[i]
         if kind == "full":
-            specs.append(LayerSpec("mla" if shape.mla else "full", block, per_token * block, per_token))
+            specs.append(LayerSpec("mla" if shape.mla else "full", block, cost * block, cost))
         elif kind == "sliding":
-            specs.append(LayerSpec("sliding", block, per_token * block, per_token, shape.sliding_window))
+            specs.append(LayerSpec("sliding", block, cost * block, cost, shape.sliding_window))
         elif kind == "chunked":
-            specs.append(LayerSpec("chunked", block, per_token * block, per_token, shape.chunk_size))
+            specs.append(LayerSpec("chunked", block, cost * block, cost, shape.chunk_size))
+        elif kind == "shared":
+            specs.append(LayerSpec("shared", block, 0, 0))
         else:
             specs.append(LayerSpec("mamba", -1, state_pages[kind], 0, 0, 2 if mode == "align" else 1))
     if state_pages:   # recurrent pages are padded to the attention page
-        attn_page = block * per_token
+        attn_page = block * max(per_token)
         specs = [replace(s, page=max(s.page, attn_page)) if s.kind == "mamba" else s for s in specs]
     return specs
 
@@ -337,14 +347,16 @@ def build_layout(config: dict[str, Any], shape: ModelShape, inputs: LayoutInputs
         notes.append(f"sparse-attention indexer keys ({shape.indexer_bytes} B/token/layer) are added to the MLA "
                      "cache as an approximation (vLLM keeps them in their own cache group)")
     block = backend.block_size if is_auto(inputs.block_size) else to_int("block_size", inputs.block_size)
-    per_token = attention_bytes_per_token(shape, kv_dtype, tp)
+    per_layer = [attention_bytes_per_token(shape, kv_dtype, tp, i) if kind in ("full", "sliding", "chunked")
+                 else 0 for i, kind in enumerate(shape.kinds)]
+    per_token = max(per_layer)
     state_pages = {k: _state_bytes(shape, k, tp) for k in set(shape.kinds) if k in ("gdn", "kda")}
     mode = inputs.mamba_cache_mode or rule(rel, "mamba_cache_mode_default", version)
     if state_pages:
         block = _hybrid_block(shape, backend, block, per_token, max(state_pages.values()), inputs, notes)
     if inputs.decode_context_parallel_size > 1 and "sliding" in shape.kinds:
         raise SizingError("decode_context_parallel_size > 1 does not support sliding-window layers; use 1")
-    specs = _layer_specs(shape, block, per_token, state_pages, mode)
+    specs = _layer_specs(shape, block, per_layer, state_pages, mode)
     if "chunked" in shape.kinds and rule(rel, "chunked_local_disables_hybrid_manager", version) \
             and any(s.kind in ("full", "mla") for s in specs):
         notes.append("chunked local attention: vLLM disables the hybrid KV cache manager by default, so "
