@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from . import speculative
 from .backends import Backend, attention_backend, resolve_kv_cache_dtype
 from .errors import SizingError, refuse_unknown_keywords
 from .model import DTYPE_BYTES, ModelShape, kv_bytes
@@ -31,13 +32,16 @@ class LayerSpec:
     window: int = 0           # sliding window or attention chunk
     state_blocks: int = 0     # mamba blocks a request holds (1: mamba_cache_mode none, 2: align)
 
-    def blocks_per_request(self, max_model_len: int, dcp: int, in_flight: int) -> int:
-        """cdiv(max_memory_usage_bytes, page_size_bytes) for one request of max_model_len tokens."""
+    def blocks_per_request(self, max_model_len: int, dcp: int, in_flight: int, retained: int = 0) -> int:
+        """cdiv(max_memory_usage_bytes, page_size_bytes) for one request of max_model_len tokens.
+
+        retained: sliding-window tokens kept for a speculative drafter's prefill lookahead.
+        """
         if self.kind in ("full", "mla"):
             length = cdiv(max_model_len, dcp) if dcp > 1 else max_model_len
             return cdiv(length, self.block_size)
         if self.kind == "sliding":
-            return cdiv(min(self.window - 1 + in_flight, max_model_len), self.block_size) + 1
+            return cdiv(min(self.window - 1 + retained + in_flight, max_model_len), self.block_size) + 1
         if self.kind == "chunked":
             return cdiv(min(self.window + in_flight, max_model_len), self.block_size)
         return self.state_blocks
@@ -62,10 +66,11 @@ class KVLayout:
     backend: Backend
     block_size: int                         # attention block size (tokens)
     notes: tuple[str, ...] = ()
+    retained: int = 0                       # sliding-window tokens kept for a speculative drafter
 
     def blocks_per_request(self, max_model_len: int) -> int:
         """Blocks one request of max_model_len holds, summed over every group (all draw from one pool)."""
-        return sum(self.specs[g[0]].blocks_per_request(max_model_len, self.dcp, self.in_flight)
+        return sum(self.specs[g[0]].blocks_per_request(max_model_len, self.dcp, self.in_flight, self.retained)
                    for g in self.groups)
 
     def bytes_per_block(self, stage: int) -> int:
@@ -270,6 +275,7 @@ class LayoutInputs:
     mamba_cache_mode: Any = None
     pp_layer_partition: Any = None
     device: str = "cuda"
+    speculative_config: Any = None          # vLLM's --speculative-config as a dict (speculative.py)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> LayoutInputs:
@@ -362,10 +368,41 @@ def build_layout(config: dict[str, Any], shape: ModelShape, inputs: LayoutInputs
         notes.append("chunked local attention: vLLM disables the hybrid KV cache manager by default, so "
                      "chunked layers are charged for the full context")
         specs = [replace(s, kind="full", window=0) if s.kind in ("chunked", "sliding") else s for s in specs]
+    stages = pp_stages(shape.num_layers, inputs.pipeline_parallel_size, inputs.pp_layer_partition)
+    spec = speculative.resolve(config, inputs.speculative_config)
+    if spec is not None:
+        specs, stages = _add_drafter(spec, shape, specs, stages, kv_dtype, tp, notes)
     specs = _unify_pages(specs)
     groups = tuple(_group_layers(specs))
     in_flight = _in_flight_tokens(inputs)
-    return KVLayout(specs=tuple(specs), groups=groups,
-                    stages=pp_stages(shape.num_layers, inputs.pipeline_parallel_size, inputs.pp_layer_partition),
+    return KVLayout(specs=tuple(specs), groups=groups, stages=stages,
                     dcp=inputs.decode_context_parallel_size, in_flight=in_flight,
-                    kv_cache_dtype=kv_dtype, backend=backend, block_size=block, notes=tuple(notes))
+                    kv_cache_dtype=kv_dtype, backend=backend, block_size=block, notes=tuple(notes),
+                    retained=spec.retained if spec else 0)
+
+
+def _add_drafter(spec: speculative.Speculative, shape: ModelShape, specs: list[LayerSpec],
+                 stages: tuple[tuple[int, ...], ...], kv_dtype: str, tp: int,
+                 notes: list[str]) -> tuple[list[LayerSpec], tuple[tuple[int, ...], ...]]:
+    """The drafter's KV: its attention layers (MTP modules or the draft model's layers, on the last pipeline
+    stage) and, per recurrent layer, one state block per speculative token (MambaSpec.num_speculative_blocks)."""
+    specs = [replace(s, state_blocks=s.state_blocks + spec.tokens) if s.kind == "mamba" else s for s in specs]
+    if spec.draft_layers:
+        attention = [s for s in specs if s.kind in ("full", "mla")]
+        if spec.draft_shape is not None:
+            cost = attention_bytes_per_token(spec.draft_shape, kv_dtype, tp)
+            kind = "mla" if spec.draft_shape.mla else "full"
+            block = attention[0].block_size if attention else specs[0].block_size
+            layer = LayerSpec(kind, block, cost * block, cost)
+        elif attention:
+            layer = attention[0]     # MTP / EAGLE heads repeat the target's full-attention layer
+        else:
+            full = next(i for i, k in enumerate(shape.kinds) if k in ("sliding", "chunked"))
+            cost = attention_bytes_per_token(shape, kv_dtype, tp, full)
+            layer = LayerSpec("full", specs[full].block_size, cost * specs[full].block_size, cost)
+        first = len(specs)
+        specs = specs + [layer] * spec.draft_layers
+        stages = stages[:-1] + (stages[-1] + tuple(range(first, first + spec.draft_layers)),)
+        notes.append(f"speculative decoding ({spec.method}, {spec.tokens} tokens): {spec.draft_layers} draft "
+                     "attention layer(s) added to the KV cache")
+    return specs, stages
