@@ -3,9 +3,10 @@
 # wall time, tasks run, changed count, the machine's load average during the run and the 20 slowest tasks.
 # Usage: scripts/time-rerun.sh [INVENTORY] [extra ansible-playbook arguments...]
 #   INVENTORY  default inventories/demo/hosts.yml (the node `make demo` converged)
-#   RERUN_MAX_SECONDS  fail above this wall time (default 120: generous, so a loaded machine does not flake)
+#   RERUN_MAX_SECONDS  fail above this wall time on an idle machine (default 120, twice the target); stretched by the
+#                      mean load average per CPU above 1, so a busy machine does not flake (as the site_e2e test does)
 #   RERUN_LOG          keep the whole ansible output there (default a temporary file, removed)
-# Fails when the run fails, changes anything (changed != 0) or takes longer than RERUN_MAX_SECONDS.
+# Fails when the run fails, changes anything (changed != 0) or takes longer than the bound.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export ANSIBLE_CONFIG="$PWD/ansible.cfg" ANSIBLE_FORCE_COLOR=0
@@ -36,6 +37,8 @@ recap=$(sed -n '/^PLAY RECAP/,/^$/p' "$log" | grep -E 'ok=' || true)
 changed=$(sed -nE 's/.*changed=([0-9]+).*/\1/p' <<<"$recap" | awk '{ s += $1 } END { print s + 0 }')
 load=$(awk '{ s += $1; if (NR == 1 || $1 < lo) lo = $1; if ($1 > hi) hi = $1 }
             END { if (NR) printf "mean %.2f (min %.2f, max %.2f, %d samples)", s / NR, lo, hi, NR; else print "unknown" }' "$loads")
+cpus=$(nproc)
+bound=$(awk -v m="$max" -v c="$cpus" '{ s += $1 } END { f = NR ? s / NR / c : 1; printf "%.0f", m * (f > 1 ? f : 1) }' "$loads")
 rm -f "$loads"
 
 echo "== slowest tasks"
@@ -43,7 +46,7 @@ sed -n '/^TASKS RECAP/,$p' "$log" | grep -E -- '-+ [0-9.]+s$' | head -n 20
 echo "== recap"
 echo "$recap"
 echo "== site.yml re-run on $inventory: ${wall} s wall, $tasks tasks ($handlers handlers), changed=$changed," \
-     "load average $load, $(nproc) CPUs"
+     "load average $load, $cpus CPUs (bound ${bound} s)"
 
 if [ "$rc" -ne 0 ]; then
   tail -n 40 "$log" >&2
@@ -55,7 +58,7 @@ if [ "$changed" -ne 0 ]; then
   echo "time-rerun: the re-run changed $changed thing(s); a converged node must report changed=0" >&2
   exit 1
 fi
-if awk -v w="$wall" -v m="$max" 'BEGIN { exit !(w > m) }'; then
-  echo "time-rerun: ${wall} s is above RERUN_MAX_SECONDS=$max" >&2
+if awk -v w="$wall" -v m="$bound" 'BEGIN { exit !(w > m) }'; then
+  echo "time-rerun: ${wall} s is above ${bound} s (RERUN_MAX_SECONDS=$max at this load)" >&2
   exit 1
 fi
