@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 from pathlib import Path
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import node_manifest as nm
@@ -76,6 +78,32 @@ def test_model_files_are_the_ones_on_disk(host):
     for path, digest in model["files"].items():
         if path not in patched:  # patched configs: the manifest keeps the hash of the file as downloaded
             assert host.check_output(f"sha256sum {model['dir']}/{path}").split()[0] == digest, path
+
+
+def task_results(output: str, task: str) -> list[str]:
+    """The result lines (ok/changed/skipping/failed) under a task's header in ansible-playbook output."""
+    results: list[str] = []
+    for block in re.split(r"^TASK \[", output, flags=re.MULTILINE)[1:]:
+        if block.startswith(task + "]"):
+            results += re.findall(r"^(ok|changed|skipping|failed|fatal): \[", block, flags=re.MULTILINE)
+    return results
+
+
+def test_check_mode_on_the_converged_node_changes_no_manifest(host):
+    text, _ = node_manifest(host)
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
+               ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"), ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+               ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
+    inventory = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
+    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks/site.yml"), "--check",
+                           "--diff"], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=2400,
+                          check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    for task in ("node_manifest : Write the manifest on the node", "node_manifest : Write the controller copy"):
+        assert task_results(out, task) == ["ok"], (task, out[-4000:])
+    assert "not written" not in out
+    assert node_manifest(host)[0] == text
 
 
 def test_no_secret_in_the_manifest(host):
