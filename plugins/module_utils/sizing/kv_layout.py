@@ -124,9 +124,20 @@ class KVLayout:
                                                     if self.specs[g[0]].block_size > 0)
         return int(self.max_concurrency(available_bytes, max_model_len) * max_model_len)
 
-    def max_concurrency(self, available_bytes: int, max_model_len: int) -> float:
-        """Requests of max_model_len tokens the pool holds at once."""
-        return self.num_blocks(available_bytes) / self.blocks_per_request(max_model_len)
+    def max_concurrency(self, available_bytes: int, max_model_len: int,
+                        formula: str = "blocks_per_request") -> float:
+        """Requests of max_model_len tokens the pool holds at once (unrounded).
+
+        blocks_per_request: num_blocks / blocks one request holds over every group (V1 hybrid allocator);
+        tokens_over_len: num_blocks x block size / max_model_len (V0 and the first V1 releases).
+        """
+        blocks = self.num_blocks(available_bytes)
+        if formula == "tokens_over_len":
+            return blocks * self.block_size / max_model_len
+        if formula != "blocks_per_request":
+            raise SizingError(f"unknown max_concurrency_formula {formula!r} in the releases data; "
+                              "known: blocks_per_request, tokens_over_len")
+        return blocks / self.blocks_per_request(max_model_len)
 
     @property
     def bytes_per_token(self) -> int:
