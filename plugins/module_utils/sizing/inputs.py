@@ -36,6 +36,7 @@ class PlanInputs:
     max_num_batched_tokens: Any = None
     max_num_seqs: Any = None
     mamba_cache_mode: Any = None
+    speculative_config: dict[str, Any] | None = None   # vLLM's --speculative-config as a dict (speculative.py)
     pp_layer_partition: Any = None
     enforce_eager: bool = False
     model_key: str = ""
