@@ -24,10 +24,11 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup docker images wheelhouse oracle fixtures lint docs unit integration molecule test demo plan clean
+.PHONY: help setup docker images wheelhouse oracle fixtures lint docs unit integration molecule test demo demo-rerun plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
+	@echo "make demo-rerun  time site.yml again on the converged demo node (changed=0, wall time, tasks, load)"
 	@echo "make test   everything CI runs: lint, unit, integration, molecule scenarios"
 	@echo "make plan   size a deployment, e.g. make plan ARGS='-e vllm_node_model=kimi-k2.5-nvfp4 ...'"
 	@echo "make docs   regenerate the role READMEs' variable tables from meta/argument_specs.yml"
@@ -77,6 +78,10 @@ plan: setup
 
 demo: setup images wheelhouse
 	@bash scripts/demo.sh
+
+# The idempotent re-run's figure (README): fails when it changes anything or exceeds RERUN_MAX_SECONDS (120).
+demo-rerun: setup
+	@bash scripts/time-rerun.sh
 
 clean:
 	rm -rf .cache artifacts/*.json
