@@ -15,18 +15,23 @@ import pytest
 import tiny_models
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+REV_B = "rev-b"  # the second revision of vllm-node-test/tiny-llama in the session's hub
 
 
 @pytest.fixture(scope="session")
 def hub_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A hub root with every tiny repo, generated once per test session."""
+    """A hub root with every tiny repo, generated once per test session, and revision rev-b of tiny-llama
+    (shard 1 with other weights, shards 2 and 3 unchanged)."""
     root = tmp_path_factory.mktemp("hub")
     tiny_models.generate(root)
+    tiny_models.write_revision(root, "tiny-llama", REV_B, 7, [1])
     return root
 
 
 class Hub:
     """A running tests/fixtures/hf_hub/server.py and helpers to talk to its control API."""
+
+    REV_B = REV_B
 
     def __init__(self, process: subprocess.Popen[str], port: int, root: Path, token: str) -> None:
         self.process, self.port, self.root, self.token = process, port, root, token
@@ -60,8 +65,11 @@ class Hub:
     def throttle(self, glob: str, bytes_per_second: int) -> None:
         self.json("/_control/throttle", "POST", {"glob": glob, "bytes_per_second": bytes_per_second})
 
-    def commit(self, repo: str) -> str:
-        return self.json(f"/api/models/{repo}/revision/main")["sha"]
+    def corrupt(self, glob: str, times: int) -> None:
+        self.json("/_control/corrupt", "POST", {"glob": glob, "times": times})
+
+    def commit(self, repo: str, revision: str = "main") -> str:
+        return self.json(f"/api/models/{repo}/revision/{revision}")["sha"]
 
 
 def server_python() -> str:

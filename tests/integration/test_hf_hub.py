@@ -231,3 +231,72 @@ def test_throttle_paces_a_transfer_and_reset_lifts_it(hub: Hub) -> None:
     assert time.monotonic() - start < 1.0
     status, _, body = hub.request("/_control/throttle", "POST", {"glob": "*", "bytes_per_second": 0})
     assert status == 400 and b"bytes_per_second" in body
+
+
+def test_revisions_by_tag_and_by_sha(hub: Hub, tmp_path: Path) -> None:
+    """ROOT/<org>/<name>@<tag> is revision <tag> of the repo and has its own content-derived sha; main is unchanged."""
+    repo = f"{ORG}/tiny-llama"
+    sha_a, sha_b = hub.commit(repo), hub.commit(repo, hub.REV_B)
+    assert sha_a != sha_b and len(sha_b) == 40
+    assert hub.json(f"/api/models/{repo}/revision/{sha_b}")["sha"] == sha_b
+    by_tag = hf(hub, tmp_path, "download", repo, "--revision", hub.REV_B, "--local-dir", str(tmp_path / "tag"))
+    assert by_tag.returncode == 0, by_tag.stderr
+    assert repo_files(tmp_path / "tag") == repo_files(hub.root / ORG / f"tiny-llama@{hub.REV_B}")
+    by_sha = hf(hub, tmp_path, "download", repo, "--revision", sha_b, "--local-dir", str(tmp_path / "sha"))
+    assert by_sha.returncode == 0, by_sha.stderr
+    assert repo_files(tmp_path / "sha") == repo_files(tmp_path / "tag")
+    main = hf(hub, tmp_path, "download", repo, "--revision", sha_a, "--local-dir", str(tmp_path / "main"))
+    assert main.returncode == 0 and repo_files(tmp_path / "main") == repo_files(hub.root / repo)
+    assert repo_files(tmp_path / "main") != repo_files(tmp_path / "tag")
+    tree_a = {e["path"]: e for e in hub.json(f"/api/models/{repo}/tree/{sha_a}?recursive=true")}
+    tree_b = {e["path"]: e for e in hub.json(f"/api/models/{repo}/tree/{hub.REV_B}?recursive=true")}
+    changed = sorted(p for p in tree_a if tree_a[p] != tree_b[p])
+    assert changed == ["model-00001-of-00003.safetensors"]
+    assert hub.request(f"/api/models/{ORG}/tiny-llama@{hub.REV_B}/revision/main")[0] == 404, "a tag dir is no repo"
+
+
+@pytest.mark.parametrize("with_metadata", [True, False])
+def test_local_dir_accepts_hard_linked_unchanged_shards(hub: Hub, tmp_path: Path, with_metadata: bool) -> None:
+    """What model_download relies on: revision B in its own --local-dir, the shards whose sha256 did not change
+    hard-linked from revision A's directory (with A's hf metadata file copied, or none): `hf download` fetches only
+    the changed shard and the small files, keeps the links, and `hf cache verify` passes."""
+    repo = f"{ORG}/tiny-llama"
+    sha_b = hub.commit(repo, hub.REV_B)
+    dir_a, dir_b = tmp_path / "a", tmp_path / "b"
+    assert hf(hub, tmp_path, "download", repo, "--local-dir", str(dir_a)).returncode == 0
+    unchanged = ["model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"]
+    meta = Path(".cache") / "huggingface" / "download"
+    (dir_b / meta).mkdir(parents=True)
+    for name in unchanged:
+        os.link(dir_a / name, dir_b / name)
+        if with_metadata:
+            (dir_b / meta / f"{name}.metadata").write_bytes((dir_a / meta / f"{name}.metadata").read_bytes())
+    hub.reset()
+    out = hf(hub, tmp_path, "download", repo, "--revision", sha_b, "--local-dir", str(dir_b))
+    assert out.returncode == 0, out.stderr
+    assert repo_files(dir_b) == repo_files(hub.root / ORG / f"tiny-llama@{hub.REV_B}")
+    sent = {path: count for path, count in get_bytes(hub, repo).items() if count}
+    assert not set(sent) & set(unchanged), f"an unchanged shard was fetched again: {sent}"
+    assert "model-00001-of-00003.safetensors" in sent
+    for name in unchanged:
+        assert (dir_b / name).stat().st_ino == (dir_a / name).stat().st_ino, f"{name}: the hard link was replaced"
+        assert (dir_b / meta / f"{name}.metadata").read_text().splitlines()[0] == sha_b
+    verify = hf(hub, tmp_path, "cache", "verify", repo, "--revision", sha_b, "--local-dir", str(dir_b),
+                "--fail-on-missing-files")
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert repo_files(dir_a) == repo_files(hub.root / repo), "revision A's directory is untouched"
+
+
+def test_corrupt_control_flips_a_byte_only_verification_notices(hub: Hub, tmp_path: Path) -> None:
+    repo = f"{ORG}/tiny-llama"
+    shard = "model-00001-of-00003.safetensors"
+    hub.corrupt(f"{repo}/{shard}", times=1)
+    out = hf(hub, tmp_path, "download", repo, "--revision", hub.REV_B, "--local-dir", str(tmp_path / "c"))
+    assert out.returncode == 0, out.stderr
+    good = (hub.root / ORG / f"tiny-llama@{hub.REV_B}" / shard).read_bytes()
+    got = (tmp_path / "c" / shard).read_bytes()
+    assert len(got) == len(good) and sum(a != b for a, b in zip(got, good, strict=True)) == 1
+    assert hub.counters()["files"][f"{repo}/{shard}"]["corrupted"] == 1
+    verify = hf(hub, tmp_path, "cache", "verify", repo, "--revision", hub.REV_B, "--local-dir", str(tmp_path / "c"))
+    assert verify.returncode != 0 and shard in verify.stdout + verify.stderr
+    assert hub.request(f"/{repo}/resolve/{hub.REV_B}/{shard}")[2] == good, "the rule was used up"

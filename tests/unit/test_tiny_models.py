@@ -202,3 +202,43 @@ def test_bf16_conversion_rounds_to_nearest_even() -> None:
     values = np.array([1.0, -2.5, 1.00390625, 1.01171875, 3.0e38], dtype=np.float32)
     bits = tiny_models.to_bf16_bits(values)
     assert bits.tolist() == [0x3F80, 0xC020, 0x3F80, 0x3F82, 0x7F62]
+
+
+def test_revision_replaces_only_the_named_shards(tmp_path: Path) -> None:
+    result = subprocess.run([sys.executable, str(FIXTURES / "tiny_models.py"), "--out", str(tmp_path),
+                             "--revision", "tiny-llama@rev-b=7:1,3"], capture_output=True, text=True, check=True)
+    assert "revision rev-b" in result.stdout
+    main, rev = tmp_path / ORG / "tiny-llama", tmp_path / ORG / "tiny-llama@rev-b"
+    changed = sorted(p.name for p in main.iterdir() if p.read_bytes() != (rev / p.name).read_bytes())
+    assert changed == ["model-00001-of-00003.safetensors", "model-00003-of-00003.safetensors"]
+    assert sorted(p.name for p in rev.iterdir()) == sorted(p.name for p in main.iterdir())
+    assert tensors(rev) == tensors(main), "same names, shapes and index: the index still describes the shards"
+    assert all(stat.S_IMODE(p.stat().st_mode) == 0o644 for p in rev.iterdir())
+    seven = tiny_models.repo_specs(7)["tiny-llama"][1]
+    layout = tiny_models.split_shards(seven, 3)
+    shard1 = header(rev / "model-00001-of-00003.safetensors")
+    name = layout[0][0]
+    begin, end = shard1[name]["data_offsets"]
+    with (rev / "model-00001-of-00003.safetensors").open("rb") as handle:
+        handle.seek(8 + int.from_bytes(handle.read(8), "little") + begin)
+        assert handle.read(end - begin) == seven[name]["array"].tobytes(), "the revision holds seed 7's weights"
+
+
+def test_revision_with_all_shards_and_bad_specs(out: Path, tmp_path: Path) -> None:
+    tiny_models.generate(tmp_path)
+    rev = tiny_models.write_revision(tmp_path, "tiny-deepseek-v3", "b", 11)
+    main = tmp_path / ORG / "tiny-deepseek-v3"
+    assert all((rev / f"model-0000{n}-of-00003.safetensors").read_bytes()
+               != (main / f"model-0000{n}-of-00003.safetensors").read_bytes() for n in (1, 2, 3))
+    assert (rev / "config.json").read_bytes() == (main / "config.json").read_bytes()
+    assert tiny_models.parse_revision("tiny-llama@rev-b=7") == ("tiny-llama", "rev-b", 7, None)
+    assert tiny_models.parse_revision("tiny-llama@v2=3:2") == ("tiny-llama", "v2", 3, [2])
+    for spec in ("tiny-llama=7", "tiny-llama@b", "tiny-llama@b=x", "a/b@c=1"):
+        with pytest.raises(ValueError, match="expected NAME@TAG=SEED"):
+            tiny_models.parse_revision(spec)
+    with pytest.raises(ValueError, match="shard numbers"):
+        tiny_models.write_revision(tmp_path, "tiny-llama", "b", 7, [4])
+    with pytest.raises(ValueError, match="no tiny repo"):
+        tiny_models.write_revision(tmp_path, "nope", "b", 7)
+    with pytest.raises(ValueError, match="not 'main'"):
+        tiny_models.write_revision(tmp_path, "tiny-llama", "main", 7)
