@@ -64,7 +64,7 @@ def size(inputs: PlanInputs) -> Sizing:
         quant=inputs.quant, compute_capability=device.compute_capability, vllm_version=version,
         max_num_batched_tokens=batch.max_num_batched_tokens, mamba_cache_mode=inputs.mamba_cache_mode,
         pp_layer_partition=inputs.pp_layer_partition, device=device.kind,
-        speculative_config=inputs.speculative_config)
+        speculative_config=inputs.speculative_config, cpu_amx=bool(inputs.cpu_amx))
     layout = build_layout(inputs.config, shape, layout_inputs)
     notes.extend(layout.notes)
     formula = str(rule(rel, "kv_cache_tokens_formula", version))
