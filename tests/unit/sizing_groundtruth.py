@@ -122,11 +122,11 @@ def _predict(case: dict, quantity: str, kwargs: dict, releases: dict, version: s
         return vm.max_model_len(config, available, max_model_len=length, pp_rank=pp_rank, **kw)
     if quantity == "kv_tokens":
         return vm.kv_cache_tokens(config, available, length, **kw)
+    if quantity == "max_concurrency":   # the filter, as vLLM prints it (two decimals), under the version's rule
+        return vm.max_concurrency(config, available, length, **kw)
     layout = vm.kv_layout(config, **kw)
     if quantity == "gpu_blocks":
         return layout.num_blocks(available)
-    if quantity == "max_concurrency":   # num_blocks / blocks per request in every version
-        return layout.max_concurrency(available, length)
     raise KeyError(quantity)
 
 

@@ -1,7 +1,8 @@
 """The vllm_env role's pinned requirements files are complete, hashed locks that match the role's data:
 every pin has a sha256, each file records the Python it was compiled for, the default vLLM version
 (roles/vllm_node/defaults) has a file, and the cpu variant's unusable distributions (vars/main.yml) are not in
-its file."""
+its file. The cpu locks (0.31.0 and 0.32.0, for the day-2 upgrade and rollback) are compiled alike, pin the same
+torch, and their versions are in the release rules' known versions."""
 from __future__ import annotations
 
 import re
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "vllm_env"
 REQ_DIR = ROLE / "files" / "requirements"
 LOCKS = sorted(REQ_DIR.glob("vllm-*.txt"))
+CPU_LOCKS = sorted(REQ_DIR.glob("vllm-*-cpu.txt"))
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
 
@@ -37,7 +39,7 @@ def variants() -> dict:
 
 
 def test_there_are_locks():
-    assert {p.name for p in LOCKS} >= {"vllm-0.33.0-cuda.txt", "vllm-0.32.0-cpu.txt"}
+    assert {p.name for p in LOCKS} >= {"vllm-0.33.0-cuda.txt", "vllm-0.32.0-cpu.txt", "vllm-0.31.0-cpu.txt"}
 
 
 @pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
@@ -69,8 +71,9 @@ def test_variant_uninstall_list_is_not_in_the_lock(lock: Path):
     assert [name for name in variants()[variant]["uninstall"] if name in pins] == []
 
 
-def test_cpu_lock_takes_torch_from_the_wheelhouse():
-    version, hashes = parse_lock((REQ_DIR / "vllm-0.32.0-cpu.txt").read_text())["torch"]
+@pytest.mark.parametrize("lock", CPU_LOCKS, ids=lambda p: p.name)
+def test_cpu_lock_takes_torch_from_the_wheelhouse(lock: Path):
+    version, hashes = parse_lock(lock.read_text())["torch"]
     assert version == "2.13.0+cpu"
     wheels = list(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
     if not wheels:
@@ -88,3 +91,21 @@ def test_node_default_has_a_lock():
     knobs = yaml.safe_load((ROOT / "roles" / "vllm_node" / "defaults" / "main.yml").read_text())
     name = f"vllm-{knobs['vllm_node_vllm_version']}-{knobs['vllm_node_vllm_variant']}.txt"
     assert (REQ_DIR / name).is_file()
+
+
+def test_cpu_locks_are_compiled_alike_with_one_torch():
+    """Both versions build from one wheelhouse only if they share torch (not on PyPI) and the compile options."""
+    def command(lock: Path) -> str:
+        version = re.fullmatch(r"vllm-(.+)-cpu\.txt", lock.name).group(1)
+        return lock.read_text().splitlines()[1].replace(version, "VERSION")
+
+    assert len(CPU_LOCKS) >= 2
+    assert len({command(lock) for lock in CPU_LOCKS}) == 1, [command(lock) for lock in CPU_LOCKS]
+    assert len({str(parse_lock(lock.read_text())["torch"]) for lock in CPU_LOCKS}) == 1
+
+
+@pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
+def test_lock_version_is_known_to_the_release_rules(lock: Path):
+    version = re.fullmatch(r"vllm-(.+)-\w+\.txt", lock.name).group(1)
+    releases = yaml.safe_load((ROOT / "roles" / "vllm_node" / "vars" / "main" / "vllm_releases.yml").read_text())
+    assert version in releases["vllm_node_vllm_releases"]["known_versions"]

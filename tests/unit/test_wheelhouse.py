@@ -1,6 +1,7 @@
-"""scripts/build-wheelhouse.sh: refuses what it cannot build, downloads nothing when the wheelhouse matches the lock,
+"""scripts/build-wheelhouse.sh: refuses what it cannot build, downloads nothing when the wheelhouse matches the locks,
 and on a changed lock asks pip for exactly the lock's hashed wheels for the nodes' platform, drops wheels the lock no
-longer lists and stamps the result last. pip is replaced by a recorder, so no network is used. Also: the scenarios
+longer lists and stamps the result last; several locks share one wheelhouse (one pip call each, every lock's wheels
+kept), and locks for two Pythons are refused. pip is replaced by a recorder, so no network is used. Also: the scenarios
 that mount the wheelhouse are the ones `make molecule` builds it for."""
 from __future__ import annotations
 
@@ -24,16 +25,19 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def build(tmp_path: Path, lock_text: str, **env: str) -> tuple[subprocess.CompletedProcess, Path, Path]:
-    """Run the script on a lock written to tmp_path with a recording fake `python`; return the result, OUT, the log."""
-    lock = tmp_path / "demo.txt"
-    lock.write_text(lock_text)
+def build(tmp_path: Path, lock_text: str, *more_locks: str, **env: str) -> tuple[subprocess.CompletedProcess, Path,
+                                                                                   Path]:
+    """Run the script on locks written to tmp_path with a recording fake `python`; return the result, OUT, the log."""
+    locks = [tmp_path / "demo.txt"] + [tmp_path / f"more{i}.txt" for i in range(len(more_locks))]
+    for lock, text in zip(locks, (lock_text, *more_locks), strict=True):
+        lock.write_text(text)
     out = tmp_path / "wheelhouse"
     log = tmp_path / "pip-calls.log"
     fake = tmp_path / "python"
     fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
     fake.chmod(0o755)
-    result = subprocess.run(["bash", str(SCRIPT), str(lock), str(out)], capture_output=True, text=True, timeout=60,
+    result = subprocess.run(["bash", str(SCRIPT), "-o", str(out), *map(str, locks)], capture_output=True, text=True,
+                            timeout=60,
                             env={**os.environ, "PYTHON": str(fake), **env})
     return result, out, log
 
@@ -97,6 +101,57 @@ def test_a_failed_download_leaves_no_stamp(tmp_path: Path) -> None:
     result, out, _ = build(tmp_path, HEADER, PYTHON=str(failing))
     assert result.returncode != 0 and "WHEELHOUSE_FIND_LINKS" in result.stderr
     assert not (out / ".lock-sha256").exists(), "the next build must try again"
+
+
+def test_two_locks_share_one_wheelhouse(tmp_path: Path) -> None:
+    shared, only_a, only_b = b"a wheel both locks list", b"a wheel of lock a", b"a wheel of lock b"
+    def pin(name: str, data: bytes) -> str:
+        return f"{name}==1.0 \\\n    --hash=sha256:{sha256(data)}\n"
+
+    lock_a = HEADER + pin("shared", shared) + pin("a", only_a)
+    lock_b = HEADER + pin("shared", shared) + pin("b", only_b)
+    out = tmp_path / "wheelhouse"
+    out.mkdir()
+    for name, data in [("shared", shared), ("a", only_a), ("b", only_b), ("stale", b"no lock lists this")]:
+        (out / f"{name}-1.0-py3-none-any.whl").write_bytes(data)
+
+    result, _, log = build(tmp_path, lock_a, lock_b)
+
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    # One pip call per lock (two locks may pin different versions of one distribution), then uv.
+    assert [re.search(r"-r (\S+)$", c).group(1).rsplit("/", 1)[-1] for c in calls[:2]] == ["demo.txt", "more0.txt"]
+    assert calls[2].endswith(f"uv=={UV_VERSION}") and len(calls) == 3
+    assert sorted(p.name for p in out.glob("*.whl")) == ["a-1.0-py3-none-any.whl", "b-1.0-py3-none-any.whl",
+                                                         "shared-1.0-py3-none-any.whl"]
+    stamp = (out / ".lock-sha256").read_text().split()
+    assert sorted(stamp[:2]) == sorted([sha256(lock_a.encode()), sha256(lock_b.encode())])
+    assert stamp[2:] == [f"uv=={UV_VERSION}"]
+
+    # The same two locks again: nothing to download.
+    again, _, _ = build(tmp_path, lock_a, lock_b)
+    assert "nothing downloaded" in again.stdout and len(log.read_text().splitlines()) == 3
+
+
+def test_refuses_locks_for_two_pythons(tmp_path: Path) -> None:
+    other = HEADER.replace("3.11", "3.12")
+    result, out, log = build(tmp_path, HEADER, other)
+    assert result.returncode != 0
+    assert "Python 3.12" in result.stderr and "3.11" in result.stderr and "-o" in result.stderr
+    assert not log.exists() and not (out / ".lock-sha256").exists()
+
+
+def test_without_lock_arguments_every_cpu_lock_is_built(tmp_path: Path) -> None:
+    log = tmp_path / "pip-calls.log"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    result = subprocess.run(["bash", str(SCRIPT), "-o", str(tmp_path / "wheelhouse")], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHON": str(fake)})
+    assert result.returncode == 0, result.stderr
+    asked = {Path(m.group(1)).name for m in re.finditer(r"-r (\S+)$", log.read_text(), re.M)}
+    cpu_locks = {p.name for p in (ROOT / "roles/vllm_env/files/requirements").glob("vllm-*-cpu.txt")}
+    assert asked == cpu_locks and {"vllm-0.31.0-cpu.txt", "vllm-0.32.0-cpu.txt"} <= asked
 
 
 def test_scenarios_that_mount_the_wheelhouse_get_it_built() -> None:

@@ -9,7 +9,7 @@ order a plan uses them:
     model                          config.json -> ModelShape (layer kinds, heads, MLA, hybrid state)
     backends, kv_dtype             attention backend per GPU / version; what `auto` KV dtype means
     parallel                       valid TP / DCP, the `auto` TP policy
-    kv_layout, kv                  the KV cache layout and the three KV questions
+    kv_layout, kv                  the KV cache layout and the four KV questions
     inputs, budget                 PlanInputs, the device; weights / activation / CUDA graphs / utilization
     context, advice, plan          the resolved Sizing; prose and fixes; plan()
     argv                           the ONLY place that renders vLLM flags and environment
@@ -26,7 +26,7 @@ from .argv import ServiceInputs, service_command
 from .backends import Backend, attention_backend, checkpoint_kv_cache_dtype, fp8_support_since, resolve_kv_cache_dtype
 from .errors import SizingError
 from .inputs import PlanInputs
-from .kv import kv_cache_bytes, kv_cache_tokens, kv_layout, max_model_len
+from .kv import kv_cache_bytes, kv_cache_tokens, kv_layout, max_concurrency, max_model_len
 from .kv_layout import KVLayout, LayerSpec, pp_stages
 from .model import ModelShape, model_shape, text_config
 from .plan import plan
@@ -36,8 +36,8 @@ from .versions import rule, version_tuple
 __all__ = [
     "Backend", "GiB", "KVLayout", "LayerSpec", "MiB", "ModelShape", "PlanInputs", "SizingError",
     "attention_backend", "cdiv", "checkpoint_kv_cache_dtype", "format_bytes", "fp8_support_since",
-    "kv_cache_bytes", "kv_cache_tokens", "kv_layout", "max_model_len", "memory_plan", "model_shape", "plan",
-    "pp_stages", "resolve_kv_cache_dtype", "rule", "service", "text_config", "version_tuple",
+    "kv_cache_bytes", "kv_cache_tokens", "kv_layout", "max_concurrency", "max_model_len", "memory_plan",
+    "model_shape", "plan", "pp_stages", "resolve_kv_cache_dtype", "rule", "service", "text_config", "version_tuple",
 ]
 
 

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from . import speculative
 from .context import Sizing
 from .errors import SizingError, refuse_unknown_keywords
 from .units import GiB, MiB, is_auto, to_int
@@ -38,6 +39,9 @@ def planned_args(s: Sizing, kv_cache_dtype_arg: str) -> list[str]:
         args += ["--max-num-seqs", str(s.batch.max_num_seqs)]
     if inputs.enforce_eager and s.cuda:
         args += ["--enforce-eager"]
+    spec = speculative.resolve(inputs.config, inputs.speculative_config)
+    if spec is not None:
+        args += ["--speculative-config", spec.flag_json()]
     return args
 
 
@@ -72,6 +76,7 @@ _OWNED_FLAGS = {
     "--max-num-batched-tokens": "nothing: the plan uses vLLM's default for this GPU, which the memory estimate "
                                 "depends on",
     "--max-num-seqs": "nothing: the plan uses vLLM's default for this GPU, which the memory estimate depends on",
+    "--speculative-config": "the plan's speculative_config (the drafter's KV layers and weights are sized)",
     "--trust-remote-code": "serving.trust_remote_code of the model's catalog entry",
     "--reasoning-parser": "serving.reasoning_parser of the model's catalog entry",
     "--tool-call-parser": "serving.tool_call_parser of the model's catalog entry",

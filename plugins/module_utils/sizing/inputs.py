@@ -36,6 +36,8 @@ class PlanInputs:
     max_num_batched_tokens: Any = None
     max_num_seqs: Any = None
     mamba_cache_mode: Any = None
+    speculative_config: dict[str, Any] | None = None   # vLLM's --speculative-config as a dict (speculative.py)
+    cpu_amx: bool = False                  # cpu device: the CPU has AMX tiles (x86 flag amx_tile)
     pp_layer_partition: Any = None
     enforce_eager: bool = False
     model_key: str = ""

