@@ -56,3 +56,12 @@ def test_service_url_filter_documentation():
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)["vllm_node.vllm_node.service_url"]["doc"]
     assert set(doc["options"]) == {"_input", "port"}
+
+
+def test_service_fingerprint_filter_documentation():
+    proc = ansible_doc("--json", "-t", "filter", "vllm_node.vllm_node.service_fingerprint")
+    assert proc.returncode == 0, proc.stderr
+    assert "WARNING" not in proc.stderr, proc.stderr
+    doc = json.loads(proc.stdout)["vllm_node.vllm_node.service_fingerprint"]["doc"]
+    assert set(doc["options"]) == {"_input", "secrets", "previous"}
+    assert all(option.get("description") for option in doc["options"].values())

@@ -77,6 +77,12 @@ def curl(host, path: str, api_key: str | None = None, body: dict | None = None) 
     return int(status or 0), host.run("cat /tmp/e2e-body").stdout
 
 
+def model_dir() -> str:
+    """The model directory the unit serves (--model of the planned argv)."""
+    argv = plan()["service"]["argv"]
+    return argv[argv.index("--model") + 1]
+
+
 def plan() -> dict:
     return json.loads((ARTIFACTS / f"plan-{HOST}.json").read_text())
 
@@ -127,6 +133,52 @@ def test_idempotent_run_did_not_restart(host):
     state = unit(host)
     assert f"MainPID={state['MainPID']}" in witness
     assert f"ActiveEnterTimestamp={state['ActiveEnterTimestamp']}" in witness
+
+
+def changed_tasks(out: str) -> list[str]:
+    """The tasks a playbook run reported as changed (TASK/HANDLER names), for the assertion message."""
+    found, task = [], ""
+    for line in out.splitlines():
+        header = re.match(r"(?:TASK|RUNNING HANDLER) \[([^\]]+)\]", line)
+        if header:
+            task = header.group(1)
+        elif line.startswith("changed:"):
+            found.append(task)
+    return found
+
+
+def recap_changed(out: str) -> int:
+    """changed= of the node in the PLAY RECAP (summed over the plays)."""
+    return sum(int(n) for n in re.findall(rf"^{HOST}\s+:.*?changed=(\d+)", out, re.M))
+
+
+def test_check_mode_on_the_converged_node_changes_and_restarts_nothing(host):
+    """`site.yml --check --diff` on the converged node: changed=0, the same process serves."""
+    before = unit(host)
+    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "--check", "--diff")
+    record("check_mode_seconds", round(seconds, 1))
+    assert rc == 0, out[-4000:]
+    record("check_mode_changed", recap_changed(out))
+    assert recap_changed(out) == 0, changed_tasks(out)
+    after = unit(host)
+    assert (after["MainPID"], after["ActiveEnterTimestamp"]) == (before["MainPID"], before["ActiveEnterTimestamp"])
+
+
+def test_fingerprint_record(host):
+    """The record of what the process depends on: root-only, hashes only (the API key never in it)."""
+    record_file = host.file("/etc/vllm/vllm.fingerprint")
+    assert (record_file.user, record_file.group, record_file.mode) == ("root", "root", 0o600)
+    text = record_file.content_string
+    assert key(host) not in text
+    data = json.loads("\n".join(line for line in text.splitlines() if not line.startswith("#")))
+    inputs = data["inputs"]
+    assert inputs["service"] == plan()["service"]["fingerprint"]
+    assert inputs["venv"] == host.check_output("readlink /opt/vllm/current")
+    assert len(inputs["venv_lock_sha256"]) == 64
+    assert inputs["unit_sha256"] == host.check_output("sha256sum /etc/systemd/system/vllm.service").split()[0]
+    assert inputs["env_sha256"] == host.check_output("sha256sum /etc/vllm/vllm.env").split()[0]
+    assert inputs["model_config_files_sha256"]["config.json"] == host.check_output(
+        f"sha256sum {model_dir()}/config.json").split()[0]
 
 
 def rerun_bound(seconds: float, load: float, cpus: int) -> float:
@@ -275,6 +327,37 @@ def test_crash_is_restarted_and_check_passes(host):
     record("verify_seconds", round(seconds, 1))
 
 
+def handler_runs(out: str) -> int:
+    return out.count("RUNNING HANDLER [vllm_service : Restart vllm]")
+
+
+def test_a_dependency_change_restarts_once_then_never(host):
+    """Only a file the process reads changes - a config rule now patches tiny-llama's config.json; the unit, the
+    env file and the plan stay the same: exactly one restart; the same run again: none."""
+    rule = {"id": "e2e-drop-pretraining-tp", "description": "e2e: a config patch the process must pick up",
+            "when": {"model": "tiny-llama"}, "remove": [{"file": "config.json", "path": ["pretraining_tp"]}]}
+    extra = json.dumps({"model_config_extra_rules": [rule]})
+    files = "sha256sum /etc/systemd/system/vllm.service /etc/vllm/vllm.env /usr/local/libexec/vllm-node/wait-healthy.py"
+    sums, before = host.check_output(files), unit(host)
+    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "-e", extra)
+    assert rc == 0, out[-4000:]
+    record("dependency_change_converge_seconds", round(seconds, 1))
+    after = unit(host)
+    record("dependency_change_restarts", handler_runs(out))
+    assert handler_runs(out) == 1
+    assert (after["MainPID"], after["ActiveEnterTimestamp"]) != (before["MainPID"], before["ActiveEnterTimestamp"])
+    assert host.check_output(files) == sums                     # nothing but the dependency changed
+    assert "pretraining_tp" not in host.file(f"{model_dir()}/config.json").content_string
+    assert curl(host, "/v1/models", api_key=key(host))[0] == 200
+    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "-e", extra)
+    assert rc == 0, out[-4000:]
+    record("dependency_rerun", {"seconds": round(seconds, 1), "restarts": handler_runs(out),
+                                "changed": recap_changed(out), "changed_tasks": changed_tasks(out)})
+    assert handler_runs(out) == 0
+    again = unit(host)
+    assert (again["MainPID"], again["ActiveEnterTimestamp"]) == (after["MainPID"], after["ActiveEnterTimestamp"])
+
+
 def test_mla_model_kv_tokens_match(host):
     """Switch to the tiny DeepseekV3 (MLA): one restart, and the plan's KV tokens match vLLM's within 1 %."""
     before = unit(host)
@@ -292,7 +375,7 @@ def test_mla_model_kv_tokens_match(host):
 def test_failing_config_is_rolled_back(host):
     """A unit vLLM cannot start (KV cache too small for the context) fails with the cause and the fix,
     and the previous unit is restored and serving again."""
-    unit_sum = host.check_output("sha256sum /etc/systemd/system/vllm.service")
+    unit_sum = host.check_output("sha256sum /etc/systemd/system/vllm.service /etc/vllm/vllm.fingerprint")
     rc, out, seconds = playbook(SCENARIO / "break_service.yml")
     record("vllm_own_kv_failure_and_rollback_seconds", round(seconds, 1))
     failed_after = re.search(r"did not become healthy on \S+ within (\d+) s", out)
@@ -301,7 +384,7 @@ def test_failing_config_is_rolled_back(host):
     assert "estimated maximum model length" in out
     assert re.search(r"Set vllm_node_max_model_len: \d+", out)
     assert "Rolled back to the previous configuration, which is healthy again" in out
-    assert host.check_output("sha256sum /etc/systemd/system/vllm.service") == unit_sum
+    assert host.check_output("sha256sum /etc/systemd/system/vllm.service /etc/vllm/vllm.fingerprint") == unit_sum
     assert unit(host)["ActiveState"] == "active"
     assert curl(host, "/v1/models", api_key=key(host))[0] == 200
     backups = host.check_output("ls /etc/systemd/system/ | grep -c '^vllm.service.*~$' || true")
