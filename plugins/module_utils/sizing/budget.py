@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import speculative
+from . import lora, speculative
 from .errors import SizingError
 from .inputs import Device, PlanInputs
-from .kv_layout import KVLayout
+from .kv_layout import KVLayout, pp_stages
 from .model import ModelShape
 from .parallel import Parallel, valid_tensor_parallel_sizes
 from .units import GiB, MiB, format_bytes, is_auto, to_int
@@ -197,6 +197,13 @@ def cuda_budget(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device:
         # The draft model runs with the target's tensor parallel size, on the last pipeline stage.
         weights += spec.draft_bytes // par.tp
         weights_text += f", + {format_bytes(spec.draft_bytes // par.tp)} of {spec.method} draft weights"
+    adapters = lora.resolve(inputs.enable_lora, inputs.max_loras, inputs.max_lora_rank)
+    if adapters is not None:
+        stage_layers = max(len(s) for s in pp_stages(shape.num_layers, par.pp, inputs.pp_layer_partition))
+        extra = lora.slot_bytes_per_gpu(inputs.config, shape, adapters, par.tp, stage_layers)
+        weights += extra
+        weights_text += (f", + {format_bytes(extra)} of LoRA slots ({adapters.max_loras} x rank "
+                         f"{adapters.max_lora_rank})")
     activation, activation_text = activation_peak(shape, batch, rel)
     layers_per_stage = max(len(s) for s in layout.stages)
     cudagraph = 0 if inputs.enforce_eager else int(estimate(rel, "cudagraph_base_gib") * GiB

@@ -38,6 +38,9 @@ class PlanInputs:
     mamba_cache_mode: Any = None
     speculative_config: dict[str, Any] | None = None   # vLLM's --speculative-config as a dict (speculative.py)
     cpu_amx: bool = False                  # cpu device: the CPU has AMX tiles (x86 flag amx_tile)
+    enable_lora: bool = False              # --enable-lora (adapter slots enter the budget)
+    max_loras: Any = None                  # --max-loras (vLLM default 1)
+    max_lora_rank: Any = None              # --max-lora-rank (vLLM default 16)
     pp_layer_partition: Any = None
     enforce_eager: bool = False
     model_key: str = ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import speculative
+from . import lora, speculative
 from .advice import checks, fit_options, headroom_advice, length_message, reasons
 from .argv import planned_args, planned_environment
 from .budget import cpu_budget, cuda_budget, resolve_batch
@@ -145,6 +145,9 @@ def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_rea
         "vllm_args": args, "environment": environment, "per_gpu": per_gpu, "kv": kv,
         "checks": plan_checks, "reasons": plan_reasons, "advice": advice, "notes": notes,
     }
+    adapters = lora.resolve(inputs.enable_lora, inputs.max_loras, inputs.max_lora_rank)
+    if adapters is not None:   # only when asked, like speculative_config
+        document["lora"] = {"max_loras": adapters.max_loras, "max_lora_rank": adapters.max_lora_rank}
     if spec is not None:   # only when asked: plans without speculative decoding keep their exact shape
         document["speculative_config"] = {"method": spec.method, "num_speculative_tokens": spec.tokens,
                                           "draft_layers": spec.draft_layers, "draft_bytes": spec.draft_bytes,

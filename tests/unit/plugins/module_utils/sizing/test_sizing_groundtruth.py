@@ -17,6 +17,11 @@ def test_every_case_has_a_rule():
     assert {c["id"] for c in gt.load_cases()} == set(gt.CASE_RULES)
 
 
+def test_added_cases_cite_their_source_and_version():
+    for case in gt.EXTRA_CASES:
+        assert case["source_url"].startswith("https://") and case["vllm_version"], case["id"]
+
+
 def test_enough_numbers_are_compared():
     assert len(COMPARED) >= 25
     assert len({r["case"] for r in COMPARED}) >= 13

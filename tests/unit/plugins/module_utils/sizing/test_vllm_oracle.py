@@ -163,7 +163,8 @@ def test_engine_agrees_with_vllms_own_kv_cache_code(oracle, layout, available, l
                        "max_num_batched_tokens": mnbt, "lookahead": lookahead})
     got = _engine(config, kw, available, length, mnbt)
     for key in ("groups", "bytes_per_block", "needed", "estimate"):
-        assert got[key] == want[key], f"{key}: engine {got[key]}, vLLM {want[key]} ({kw}, specs {specs})"
+        assert got[key] == want[key], (f"{key}: engine {got[key]}, vLLM {want[key]} ({kw}, length {length}, "
+                                       f"available {available}, batched {mnbt}, lookahead {lookahead}, specs {specs})")
     if want["error"]:   # vLLM refuses to start: not even one request of max_model_len fits
         assert got["needed"] > available - got["bytes_per_block"]
         return
