@@ -5,7 +5,10 @@ Kept free of Ansible state so they can be unit-tested (tests/unit/test_model_pip
 
 from __future__ import annotations
 
+import base64
 import fnmatch
+import hashlib
+import json
 import posixpath
 import re
 from typing import Any, Iterable, Mapping
@@ -13,6 +16,9 @@ from typing import Any, Iterable, Mapping
 from ansible.errors import AnsibleFilterError
 
 _COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+# hf's per-file bookkeeping in a --local-dir: <dir>/.cache/huggingface/download/<path>.metadata
+HF_METADATA_DIR = ".cache/huggingface/download"
 
 
 def _normalise_patterns(patterns: Iterable[str] | None) -> list[str]:
@@ -31,7 +37,9 @@ def select_files(
     """Keep the files of a `hf models ls -R --format json` listing matching include and not exclude.
 
     Same semantics as huggingface_hub's allow/ignore patterns: fnmatch on the repo path, an empty
-    include list selects everything. Folders are dropped. Returns [{path, size}] sorted by path.
+    include list selects everything. Folders are dropped. Returns [{path, size}] sorted by path, plus `sha256` for the
+    files stored in LFS (the listing's lfs.sha256, or lfs.oid in the Hub API's own tree format): the sha256 of the
+    content, which `hf cache verify` checks and which tells an unchanged shard of another revision.
     """
     allow = _normalise_patterns(include)
     ignore = _normalise_patterns(exclude)
@@ -44,7 +52,12 @@ def select_files(
             continue
         if any(fnmatch.fnmatch(path, p) for p in ignore):
             continue
-        selected.append({"path": path, "size": int(item["size"])})
+        entry: dict[str, Any] = {"path": path, "size": int(item["size"])}
+        lfs = item.get("lfs") or {}
+        sha256 = str(lfs.get("sha256") or lfs.get("oid") or "").lower()
+        if _SHA256_RE.match(sha256):
+            entry["sha256"] = sha256
+        selected.append(entry)
     return sorted(selected, key=lambda f: f["path"])
 
 
@@ -156,6 +169,115 @@ def planner_inputs(
     }
 
 
+def link_plan(
+    files: list[dict[str, Any]],
+    local: Mapping[str, int],
+    revisions: Iterable[Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """The files of a new revision that can be hard-linked from a verified revision instead of downloaded.
+
+    files: the new revision's [{path, size, sha256?}]; local: {path: size} already in its directory;
+    revisions: [{dir, sha256: {path: hex}}] of the other revisions whose download was verified (their completion
+    markers). A file qualifies when it carries the Hub's sha256 (LFS files), is absent or of the wrong size locally,
+    and a verified revision holds a file with that sha256 (the same path first). Small files without an LFS sha256
+    are downloaded: they cost nothing and model_config may have replaced them.
+    Returns [{path, size, source, metadata}] sorted by path: source = the file to link, metadata = hf's bookkeeping
+    of that file in its revision (copied beside the link, so hf only compares the ETag instead of hashing it).
+    """
+    by_sha: dict[str, list[tuple[str, str]]] = {}
+    for revision in revisions:
+        root = str(revision.get("dir") or "")
+        hashes = revision.get("sha256") or {}
+        if not root or not isinstance(hashes, Mapping):
+            continue
+        for path, digest in sorted(hashes.items()):
+            by_sha.setdefault(str(digest).lower(), []).append((root, path))
+    plan: list[dict[str, Any]] = []
+    for entry in files:
+        digest = entry.get("sha256")
+        if not digest or local.get(entry["path"]) == entry["size"] or digest not in by_sha:
+            continue
+        candidates = by_sha[digest]
+        root, path = next((c for c in candidates if c[1] == entry["path"]), candidates[0])
+        plan.append({"path": entry["path"], "size": entry["size"], "source": posixpath.join(root, path),
+                     "metadata": posixpath.join(root, HF_METADATA_DIR, path + ".metadata")})
+    return sorted(plan, key=lambda item: item["path"])
+
+
+def verified_revisions(markers: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """[{dir, sha256}] of the revisions whose completion marker says verified and lists every file's sha256.
+
+    markers: the results of `ansible.builtin.slurp` looped over <base>/revisions/*/.vllm-node-complete.json
+    ({item: path, content: base64}). A marker that does not parse, is not verified, has no sha256 manifest or does not
+    name its own directory's commit is left out (its files are downloaded, not linked).
+    """
+    out: list[dict[str, Any]] = []
+    for result in markers:
+        path = str(result.get("item") or "")
+        try:
+            doc = json.loads(base64.b64decode(str(result.get("content") or "")))
+        except (ValueError, TypeError):
+            continue
+        directory = posixpath.dirname(path)
+        if (not isinstance(doc, dict) or doc.get("verified") is not True or not isinstance(doc.get("sha256"), dict)
+                or doc.get("commit") != posixpath.basename(directory)):
+            continue
+        out.append({"dir": directory, "sha256": doc["sha256"]})
+    return out
+
+
+def file_sha256(files: list[dict[str, Any]], hashed: Mapping[str, str] | None = None) -> dict[str, str]:
+    """{path: sha256} of every file of a revision: the Hub's LFS sha256 where there is one, else the hash measured
+    on the node (hashed: {path: hex}, the original bytes). Refuses a file with neither."""
+    hashed = hashed or {}
+    out: dict[str, str] = {}
+    for entry in files:
+        digest = str(entry.get("sha256") or hashed.get(entry["path"]) or "").lower()
+        if not _SHA256_RE.match(digest):
+            raise AnsibleFilterError(
+                f"model_download_file_sha256: no sha256 for {entry['path']} (neither the Hub's LFS oid nor a hash "
+                "measured on the node); run the role again with model_download_reverify=true"
+            )
+        out[entry["path"]] = digest
+    return dict(sorted(out.items()))
+
+
+def manifest_sha256(hashes: Mapping[str, str]) -> str:
+    """sha256 hex of a {path: sha256} manifest as canonical JSON (sorted keys, no spaces)."""
+    text = json.dumps(dict(hashes), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def prune_plan(
+    found: Iterable[Mapping[str, Any]],
+    markers: Iterable[Mapping[str, Any]],
+    serving: str,
+    keep: int,
+) -> list[str]:
+    """Revision directories to delete: all but the serving one and the keep-1 most recently completed others.
+
+    found: `ansible.builtin.find` entries of the directories in <base>/revisions (only 40-hex names count: what the
+    role creates); markers: find entries of their completion markers (their mtime orders them; a directory without
+    one is an unfinished or failed download and is always deleted); serving: the commit the service reads.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise AnsibleFilterError(
+            f"model_download_prune_plan: keep must be an integer >= 1 (the serving revision), got {keep!r}; "
+            "set model_download_keep_revisions to 1 or more"
+        )
+    if not is_commit(serving):
+        raise AnsibleFilterError(
+            f"model_download_prune_plan: the serving revision {serving!r} is not a 40-hex commit; run the role first "
+            "(it publishes model_download_dir) or set model_download_serving_dir to revisions/<commit>"
+        )
+    completed = {posixpath.basename(posixpath.dirname(str(m["path"]))): float(m.get("mtime", 0)) for m in markers}
+    commits = sorted({posixpath.basename(str(d["path"])) for d in found} - {serving})
+    commits = [c for c in commits if is_commit(c)]
+    finished = sorted((c for c in commits if c in completed), key=lambda c: (-completed[c], c))
+    kept = set(finished[: keep - 1])
+    return [c for c in commits if c not in kept]
+
+
 def _human(num: float) -> str:
     """Binary-prefixed size (GiB, MiB...)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -180,4 +302,9 @@ class FilterModule:
             "model_download_progress": progress_line,
             "model_download_human": _human,
             "model_download_planner_inputs": planner_inputs,
+            "model_download_link_plan": link_plan,
+            "model_download_verified_revisions": verified_revisions,
+            "model_download_file_sha256": file_sha256,
+            "model_download_manifest_sha256": manifest_sha256,
+            "model_download_prune_plan": prune_plan,
         }

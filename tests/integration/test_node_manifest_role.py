@@ -139,6 +139,7 @@ def test_a_changed_fact_rewrites_with_a_new_time(node: dict[str, Path]) -> None:
     assert after["plan"]["content"]["max_model_len"] == 2048
     assert after["manifest_sha256"] != before["manifest_sha256"]
     assert after["host"]["generated_at"] > before["host"]["generated_at"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", after["host"]["generated_at"])
     assert nm.compare(before, after) == [
         "plan.content.max_model_len: A=4096 B=2048",
         f"plan.sha256: A=\"{before['plan']['sha256']}\" B=\"{after['plan']['sha256']}\""]
