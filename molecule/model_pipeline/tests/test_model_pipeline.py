@@ -399,9 +399,10 @@ def test_the_old_flat_layout_is_moved_into_its_revision(host) -> None:
     out = run_play("flat_migrated", base(root, REV_REPO))
     assert f"into {model_dir}" in " ".join(out.split()) and result(host)["dir"] == model_dir
     assert host.run(f"ls -A {base_dir}").stdout.split() == [".vllm-node-download.json", "revisions"]
-    marker_name = ".vllm-node-complete.json"
-    moved_files = {k: v for k, v in sha256_of_files(host, model_dir).items() if k != marker_name}
-    assert moved_files == {k: v for k, v in files.items() if k != marker_name}, "every file moved, unchanged"
+    # the completion marker is rewritten by the new verification; the download record stays in the base directory
+    kept_apart = {".vllm-node-complete.json", ".vllm-node-download.json"}
+    moved_files = {k: v for k, v in sha256_of_files(host, model_dir).items() if k not in kept_apart}
+    assert moved_files == {k: v for k, v in files.items() if k not in kept_apart}, "every file moved, unchanged"
     assert sum(c["bytes"] for c in served(host, REV_REPO).values()) == 0, "moving must not download"
     marker = json.loads(host.file(f"{model_dir}/.vllm-node-complete.json").content_string)
     assert marker["commit"] == commit and len(marker["sha256"]) == 11, "verified again, sha256 recorded"
