@@ -7,27 +7,11 @@ Bad input raises AnsibleFilterError with the parser's message (what was expected
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_inventory, nvidia_driver_state
-
-try:
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # plain Python use (tests) without Ansible installed
-    AnsibleFilterError = ValueError
-
-
-def _filter(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn the parsers' ValueError into AnsibleFilterError, naming the filter."""
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (ValueError, TypeError, KeyError) as err:
-            raise AnsibleFilterError(f"{func.__name__}: {err}") from err
-    return wrapper
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.filter_errors import reports_bad_input
 
 
 def nvidia_smi_gpus(text: str, fields: Any = gpu_inventory.NVIDIA_SMI_FIELDS) -> dict[str, Any]:
@@ -79,6 +63,6 @@ class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
-        return {func.__name__: _filter(func) for func in (
+        return {func.__name__: reports_bad_input(func) for func in (
             nvidia_smi_gpus, lspci_devices, lspci_gpus, gpu_catalog_match, gpu_architecture,
             nvidia_proc_version, deb_upstream_version, nvidia_driver_installed_state)}

@@ -5,28 +5,12 @@ plugins/filter/<name>.yml (ansible-doc -t filter vllm_node.vllm_node.<name>).
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from typing import Any
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import node_manifest
-
-try:
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # plain Python use (tests) without Ansible installed
-    AnsibleFilterError = ValueError
-
-
-def _filter(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a wrong input's TypeError/ValueError into AnsibleFilterError, naming the filter."""
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (ValueError, TypeError, KeyError) as err:
-            raise AnsibleFilterError(f"{func.__name__}: {err}") from err
-    return wrapper
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.filter_errors import reports_bad_input
 
 
 def _mapping_or_none(value: Any) -> dict[str, Any] | None:
@@ -40,19 +24,19 @@ def _mapping_or_none(value: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, dict) else None
 
 
-@_filter
+@reports_bad_input
 def node_manifest_build(facts: Any, secrets: Any = (), previous: Any = None, now: str = "") -> dict[str, Any]:
     """The roles' facts -> the node manifest (host section apart, secrets replaced, manifest_sha256)."""
     return node_manifest.build(facts, list(secrets or []), _mapping_or_none(previous), str(now or ""))
 
 
-@_filter
+@reports_bad_input
 def node_manifest_newly_missing(manifest: Any, previous: Any = None) -> list[str]:
     """Fields the previous manifest knew that this one does not (the run did not publish them)."""
     return node_manifest.newly_missing(manifest, _mapping_or_none(previous))
 
 
-@_filter
+@reports_bad_input
 def node_manifest_compare(a: Any, b: Any, ignore: Any = ()) -> list[str]:
     """Two manifests -> their differences outside the host section, one line per field."""
     return node_manifest.compare(a, b, list(ignore or []))
