@@ -287,6 +287,19 @@ def _human(num: float) -> str:
     return f"{num:.2f} TiB"
 
 
+def metadata_sources(names: list[str], local: dict[str, Any], directory: str) -> dict[str, str]:
+    """Name -> path to read for each metadata file present in `local` (relative path -> size).
+
+    A file model_config patched is read from its kept original (<name>.orig): the planner needs the checkpoint's
+    own config, not the patch.
+    """
+    return {
+        name: f"{directory}/{name}.orig" if f"{name}.orig" in local else f"{directory}/{name}"
+        for name in names
+        if name in local
+    }
+
+
 class FilterModule:
     """Ansible entry point."""
 
@@ -307,4 +320,5 @@ class FilterModule:
             "model_download_file_sha256": file_sha256,
             "model_download_manifest_sha256": manifest_sha256,
             "model_download_prune_plan": prune_plan,
+            "model_download_metadata_sources": metadata_sources,
         }

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: stat, hash and read several files on the node in one round trip."""
 
 from __future__ import annotations
@@ -80,8 +79,15 @@ files:
     checksums: {description: Algorithm -> hex digest, for every one of O(checksum_algorithms)., type: dict}
     content: {description: The file's text (names in O(read) that are regular files)., type: str}
   sample:
-    unit: {path: /etc/systemd/system/vllm.service, exists: true, isreg: true, isdir: false, islnk: false,
-           size: 1800, mode: "0644", uid: 0, gid: 0, checksum: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08}
+    unit:
+      path: /etc/systemd/system/vllm.service
+      exists: true
+      isreg: true
+      isdir: false
+      islnk: false
+      size: 1800
+      mode: "0644"
+      checksum: 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08
 """
 
 import hashlib
