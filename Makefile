@@ -29,7 +29,7 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup docker images wheelhouse oracle fixtures lint docs unit integration molecule test demo demo-rerun plan clean
+.PHONY: help setup test-tools docker images wheelhouse oracle fixtures lint docs unit integration molecule test demo demo-rerun plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
@@ -41,6 +41,11 @@ help:
 
 setup:
 	@bash scripts/setup-controller.sh
+
+# Pinned test tools beyond the venv: Debian's chromium (apt, when root) for the plan report's browser test, and
+# promtool from Debian's prometheus package (extracted into .cache/tools) for the alert rules' unit tests.
+test-tools:
+	$(call timed,test-tools,bash scripts/ensure-test-tools.sh)
 
 docker:
 	@bash scripts/ensure-docker.sh
@@ -54,7 +59,7 @@ wheelhouse: setup
 	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
 
 # ruff, mypy, shellcheck, role README tables vs argument_specs, yamllint, ansible-lint (scripts/lint.sh).
-lint: setup
+lint: setup test-tools
 	$(call timed,lint,bash scripts/lint.sh)
 
 docs: setup
@@ -68,8 +73,9 @@ oracle: wheelhouse
 unit: setup oracle
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)
 
-# images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container.
-integration: setup images
+# images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container;
+# test-tools: chromium for tests/integration/test_plan_report_browser.py.
+integration: setup images test-tools
 	$(call timed,integration,scripts/pytest-strict.sh tests/integration)
 
 molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)
