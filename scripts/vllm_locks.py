@@ -49,7 +49,8 @@ CACHE_DIR = ROOT / ".cache" / "pypi-simple"
 DEFAULT_INDEX = "https://pypi.org/simple"
 # Compile options shared by every CUDA lock (the header uv writes records them with the Python).
 COMPILE_PLATFORM = "x86_64-manylinux_2_28"
-# Pins newer than this are not considered when a lock is compiled from scratch: a rebuild resolves the same set.
+# Files uploaded after this are not considered: a lock compiled from scratch resolves against the index as it was
+# then, the same answer every time (yanked files aside).
 # Existing locks keep their pins anyway (uv prefers the versions already in the output file).
 EXCLUDE_NEWER = "2026-12-01T00:00:00Z"
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")

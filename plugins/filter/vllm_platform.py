@@ -15,7 +15,7 @@ description:
     pinned requirements files by C(make locks)).
   - The node's Python must have a lock; the message names the Python, the OS, the Pythons that have one and the
     release's Requires-Python.
-  - For a CUDA build, the driver branch must run the lock's CUDA major (its nvidia-cuda-runtime pin): the branch table
+  - For a CUDA build, the driver branch must run the lock's CUDA major (its nvidia-cuda-runtime pin); the branch table
     (vllm_node_driver_cuda) gives the CUDA release of the highest listed branch at or below it.
   - A release the catalog does not know (a lock of the user's own) is not checked here; vllm_env checks its file.
 positional: _input, version, variant, python, os_name, driver_branch, driver_cuda

@@ -119,7 +119,8 @@ def test_a_python_without_a_cuda_lock_is_refused_before_the_driver(tmp_path: Pat
 
 
 def test_every_other_supported_os_has_its_cuda_lock(tmp_path: Path) -> None:
-    for distribution, major, lock in [("Debian", "12", "py3.11"), ("Debian", "13", "py3.13"), ("Ubuntu", "24", "py3.12")]:
+    for distribution, major, lock in [("Debian", "12", "py3.11"), ("Debian", "13", "py3.13"),
+                                      ("Ubuntu", "24", "py3.12")]:
         rc, out, plan = preflight(tmp_path, node_gpus(), node_facts_os=os_facts(distribution, major))
         assert rc == 0, out
         assert f"lock vllm-0.33.0-cuda-{lock}.txt; driver branch 580 runs CUDA up to 13.0" in out
