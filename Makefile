@@ -29,7 +29,7 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup docker images wheelhouse oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
+.PHONY: help setup test-tools docker images wheelhouse oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
@@ -43,6 +43,11 @@ help:
 setup:
 	@bash scripts/setup-controller.sh
 
+# Pinned test tools beyond the venv: Debian's chromium (apt, when root) for the plan report's browser test, and
+# promtool from Debian's prometheus package (extracted into .cache/tools) for the alert rules' unit tests.
+test-tools:
+	$(call timed,test-tools,bash scripts/ensure-test-tools.sh)
+
 docker:
 	@bash scripts/ensure-docker.sh
 
@@ -55,7 +60,7 @@ wheelhouse: setup
 	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
 
 # ruff, mypy, shellcheck, role README tables vs argument_specs, yamllint, ansible-lint (scripts/lint.sh).
-lint: setup
+lint: setup test-tools
 	$(call timed,lint,bash scripts/lint.sh)
 
 docs: setup
@@ -73,15 +78,16 @@ locks: setup
 	python scripts/vllm_locks.py compile
 
 # Every pin of every CUDA lock has a wheel on the index for its OS's Python and glibc whose sha256 the lock lists
-# (index metadata only, cached in .cache/pypi-simple: ~30 s cold, ~4 s warm), and the catalog matches the locks.
+# (index metadata only, cached in .cache/pypi-simple: ~17 s cold, ~3 s warm), and the catalog matches the locks.
 lock-check: setup
 	$(call timed,lock-check,python scripts/vllm_locks.py check && python scripts/vllm_locks.py catalog --check)
 
 unit: setup oracle lock-check
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)
 
-# images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container.
-integration: setup images
+# images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container;
+# test-tools: chromium for tests/integration/test_plan_report_browser.py.
+integration: setup images test-tools
 	$(call timed,integration,scripts/pytest-strict.sh tests/integration)
 
 molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)

@@ -109,3 +109,86 @@ def test_plans_are_deterministic(kv, length):
                   checkpoint_bytes=591 * 10**9, quant={"kv_cache_quant_algo": "FP8"}, kv_cache_dtype=kv,
                   max_model_len=length, releases=RELEASES)
     assert vm.memory_plan(KIMI, **kwargs) == vm.memory_plan(KIMI, **kwargs)
+
+
+def _safe_or_zero(config, **kwargs):
+    """The plan's safe_max_model_len; 0 where the weights alone do not fit (the plan refuses)."""
+    try:
+        return vm.memory_plan(config, releases=RELEASES, **kwargs)["safe_max_model_len"]
+    except vm.SizingError as err:
+        if "GPU too small for the weights" in str(err):
+            return 0
+        raise
+
+
+def _uncapped(config):
+    """The config with a huge max_position_embeddings: the model's own maximum must not hide a difference."""
+    if "text_config" in config:
+        return dict(config, text_config=dict(config["text_config"], max_position_embeddings=1 << 22))
+    return dict(config, max_position_embeddings=1 << 22)
+
+
+# Models for the speculative / TP properties: MLA with an MTP module, hybrid GDN with MTP, plain GQA.
+KIMI_MTP = _uncapped(dict(KIMI, text_config=dict(KIMI["text_config"], num_nextn_predict_layers=1)))
+SPEC_MODELS = {
+    "kimi-mtp": (KIMI_MTP, dict(gpu={"memory_mib": 97887, "compute_capability": "12.0"}, gpu_count=8,
+                                checkpoint_bytes=591 * 10**9, quant={"kv_cache_quant_algo": "FP8"})),
+    "qwen3.6-gdn-mtp": (_uncapped(CASES["club3090-652"]["config"]),
+                        dict(gpu={"memory_mib": 49152, "compute_capability": "8.9"}, gpu_count=1,
+                             checkpoint_bytes=22 * 10**9)),
+}
+
+
+@FAST
+@given(name=st.sampled_from(sorted(SPEC_MODELS)), a=st.integers(0, 7), b=st.integers(0, 7),
+       method=st.sampled_from(["mtp", "eagle3", "ngram"]), kv=st.sampled_from(["auto", "fp8"]))
+def test_more_speculative_tokens_never_raise_the_safe_length(name, a, b, method, kv):
+    """Speculative tokens (0 = off) only add KV layers, state blocks and lookahead: the safe length never grows."""
+    config, hardware = SPEC_MODELS[name]
+    fewer, more = sorted((a, b))
+
+    def spec(tokens):
+        if tokens == 0:
+            return None
+        out = {"method": method, "num_speculative_tokens": tokens}
+        return dict(out, model="org/draft") if method == "eagle3" else out
+
+    kwargs = dict(hardware, kv_cache_dtype=kv, gpu_memory_utilization=0.9)
+    assert _safe_or_zero(config, speculative_config=spec(more), **kwargs) <= \
+        _safe_or_zero(config, speculative_config=spec(fewer), **kwargs)
+
+
+TP_MODELS = {
+    "kimi": (KIMI, dict(gpu={"memory_mib": 97887, "compute_capability": "12.0"}, checkpoint_bytes=591 * 10**9,
+                        quant={"kv_cache_quant_algo": "FP8"})),
+    "qwen3-235b": (CASES["vllm-21348"]["config"], dict(gpu={"memory_mib": 81559, "compute_capability": "9.0"},
+                                                       checkpoint_bytes=236 * 10**9)),
+    "llama4-scout": (CASES["vllm-19407"]["config"], dict(gpu={"memory_mib": 81559, "compute_capability": "9.0"},
+                                                         checkpoint_bytes=218 * 10**9)),
+    "gpt-oss": (CASES["vllm-27508"]["config"], dict(gpu={"memory_mib": 81559, "compute_capability": "9.0"},
+                                                    checkpoint_bytes=65 * 10**9)),
+}
+
+
+@FAST
+@given(name=st.sampled_from(sorted(TP_MODELS)), a=st.sampled_from([1, 2, 4, 8]), b=st.sampled_from([1, 2, 4, 8]),
+       kv=st.sampled_from(["auto", "fp8"]), util=st.sampled_from(["auto", 0.9]),
+       version=st.sampled_from(["0.20.0", "0.33.0"]))
+def test_more_gpus_never_lower_the_safe_length(name, a, b, kv, util, version):
+    """Tensor parallel over more GPUs (gpu_count = TP) shards weights and KV heads: the safe length never drops."""
+    config, hardware = TP_MODELS[name]
+    config = _uncapped(config)
+    low, high = sorted((a, b))
+
+    def safe(tp):
+        try:
+            return _safe_or_zero(config, gpu_count=tp, tensor_parallel_size=tp, kv_cache_dtype=kv,
+                                 gpu_memory_utilization=util, vllm_version=version, **hardware)
+        except vm.SizingError as err:
+            if "divid" in str(err):   # TP must divide the attention heads: not a plan to compare
+                return None
+            raise
+
+    small, large = safe(low), safe(high)
+    if small is not None and large is not None:
+        assert small <= large, f"TP {low}: {small} > TP {high}: {large}"

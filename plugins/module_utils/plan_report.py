@@ -1,0 +1,125 @@
+"""The plan as a picture: the data of the per-GPU memory chart and the static HTML page that draws it.
+
+Pure functions of the plan (the preflight role's vllm_node_plan, as written to artifacts/plan-<host>.json) and,
+when one exists, the inference check's report (what vLLM itself logged at start-up). The page is rendered from a
+Jinja2 template with the charting library inlined, so it works offline.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+GIB = 1024 ** 3
+
+# The planned stack, bottom to top: what vLLM's budget (gpu-memory-utilization x GPU memory) holds first, then the
+# part of the KV cache the request needs beyond that budget (non-zero only when the plan does not fit), then what
+# stays outside the budget. Key, legend label, the plan's per_gpu field (None: computed).
+PLANNED_SEGMENTS: tuple[tuple[str, str, str | None], ...] = (
+    ("weights", "Weights", "weights_bytes"),
+    ("activation_peak", "Activation peak", "activation_peak_bytes"),
+    ("cudagraph", "CUDA graphs", "cudagraph_bytes"),
+    ("kv_cache", "KV cache", "kv_cache_bytes"),
+    ("kv_over_budget", "KV cache needed beyond the budget", None),
+    ("non_torch", "CUDA context + NCCL", "non_torch_bytes"),
+    ("headroom", "Headroom", "headroom_bytes"),
+)
+# What the inference check read from vLLM's start-up log, per rank: key, legend label, the report's startup list.
+REPORTED_SEGMENTS: tuple[tuple[str, str, str], ...] = (
+    ("weights", "Weights (vLLM reported)", "model_loading_bytes"),
+    ("kv_cache", "KV cache (vLLM reported)", "available_kv_cache_bytes"),
+)
+
+
+def _bytes(value: Any, where: str) -> int:
+    """A byte count from the plan, or ValueError naming the field."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"{where} must be a byte count (a number >= 0), got {value!r}: pass the plan JSON "
+                         "the preflight role wrote (vllm_node_plan)")
+    return int(value)
+
+
+def kv_over_budget_bytes(plan: dict[str, Any]) -> int:
+    """Bytes of KV cache the requested context needs beyond what the budget leaves for it (0 when it fits)."""
+    kv = plan.get("kv") or {}
+    needed = _bytes(kv.get("needed_bytes", 0), "kv.needed_bytes")
+    available = _bytes(kv.get("available_bytes", 0), "kv.available_bytes")
+    return max(0, needed - available) if not plan.get("fits", True) else 0
+
+
+def _reported(check: dict[str, Any] | None, gpus: int) -> dict[str, list[int | None]]:
+    """Per-rank figures vLLM logged (check report's startup lists), None where a rank logged nothing."""
+    startup = (check or {}).get("startup") or {}
+    out: dict[str, list[int | None]] = {}
+    for key, _label, field in REPORTED_SEGMENTS:
+        values = startup.get(field) or []
+        if not isinstance(values, list):
+            raise ValueError(f"check report startup.{field} must be a list of byte counts, got {values!r}")
+        out[key] = [_bytes(values[i], f"startup.{field}[{i}]") if i < len(values) else None for i in range(gpus)]
+    return out
+
+
+def memory_chart(plan: dict[str, Any], check: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The per-GPU stacked memory chart's data, in bytes: one planned stack per GPU, plus vLLM's reported figures.
+
+    The plan's figures are per GPU (the most loaded rank), so each of the plan's gpu_count GPUs gets the same
+    planned stack; the reported stack is per rank as vLLM logged it (absent without a check report).
+    Raises ValueError when the plan lacks the fields the preflight role writes.
+    """
+    if not isinstance(plan, dict) or not isinstance(plan.get("per_gpu"), dict):
+        raise ValueError("plan must be the plan JSON the preflight role wrote (a dict with per_gpu and kv), got "
+                         f"{type(plan).__name__}")
+    per_gpu = plan["per_gpu"]
+    gpus = plan.get("gpu_count")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1:
+        raise ValueError(f"plan gpu_count must be an integer >= 1, got {gpus!r}")
+    planned: dict[str, int] = {}
+    for key, _label, field in PLANNED_SEGMENTS:
+        planned[key] = (kv_over_budget_bytes(plan) if field is None
+                        else _bytes(per_gpu.get(field, 0), f"per_gpu.{field}"))
+    reported = _reported(check, gpus) if check else {}
+    return {
+        "gpus": [f"GPU {i}" for i in range(gpus)],
+        "fits": bool(plan.get("fits")),
+        "budget_bytes": _bytes(per_gpu.get("requested_bytes", 0), "per_gpu.requested_bytes"),
+        "total_bytes": _bytes(per_gpu.get("total_bytes", 0), "per_gpu.total_bytes"),
+        "kv_needed_bytes": _bytes((plan.get("kv") or {}).get("needed_bytes", 0), "kv.needed_bytes"),
+        "planned": [{"key": key, "label": label, "bytes": [planned[key]] * gpus}
+                    for key, label, _field in PLANNED_SEGMENTS],
+        "reported": [{"key": key, "label": label, "bytes": reported[key]}
+                     for key, label, _field in REPORTED_SEGMENTS if any(v is not None for v in reported.get(key, []))],
+    }
+
+
+def script_json(value: Any) -> str:
+    """JSON safe to embed in an HTML <script> element: '<', '>' and '&' escaped, so no string closes the element."""
+    text = json.dumps(value, sort_keys=True)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def plan_report_html(plan: dict[str, Any], template: str, chart_js: str, check: dict[str, Any] | None = None,
+                     managed: str = "") -> str:
+    """The static HTML report: `template` (Jinja2 text) rendered with the plan, the chart data and the library.
+
+    The page embeds the plan JSON itself (element #plan-json), the chart's data (#chart-data), the check report's
+    summary when given, and `chart_js` inline, so it needs no network.
+    """
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    page = env.from_string(template)
+    summary = {key: check.get(key) for key in ("host", "time", "url", "plan")} if check else None
+    chart = memory_chart(plan, check)
+    return page.render(
+        plan=plan,
+        chart=chart,
+        check=summary,
+        plan_json=Markup(script_json(plan)),
+        chart_json=Markup(script_json(chart)),
+        check_json=Markup(script_json(summary)),
+        # A library file never contains "</script" in code; escaping it keeps a string in it from closing the tag.
+        chart_js=Markup(chart_js.replace("</script", "<\\/script")),
+        managed=managed,
+        gib=GIB,
+    )

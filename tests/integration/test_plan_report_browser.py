@@ -1,0 +1,113 @@
+"""The plan as a picture, in a real headless browser (Debian's chromium).
+
+`make plan` for the story's refused request (262,144 tokens of bf16 KV for Kimi-K2.5-NVFP4 on 8 x RTX PRO 6000)
+writes plan.html beside plan.json. Chromium loads it from disk with no network: the page's script runs, Chart.js
+draws the chart, the table the script builds carries the same numbers as the JSON, and a screenshot shows the red
+"KV cache needed beyond the budget" part of the bars.
+Skipped when chromium is not installed locally; under CI (CI=true) a missing chromium fails instead:
+scripts/ensure-test-tools.sh, which .ci/run calls, installs it.
+"""
+from __future__ import annotations
+
+import html.parser
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from test_plan_playbook import STORY, plan
+
+CHROMIUM = shutil.which("chromium")
+WIDTH, HEIGHT = 1100, 900
+# The page's colour for the KV cache the request needs beyond the budget (#d62728).
+OVER_BUDGET_RGB = (0xD6, 0x27, 0x28)
+
+if CHROMIUM is None:
+    if os.environ.get("CI") == "true":
+        pytest.fail("chromium is missing under CI: scripts/ensure-test-tools.sh (called by .ci/run) installs it",
+                    pytrace=False)
+    pytestmark = pytest.mark.skip(reason="chromium is not installed (apt-get install chromium, or run "
+                                         "scripts/ensure-test-tools.sh as root); the browser test needs it")
+
+
+def chromium(profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Headless chromium with a throwaway profile; root needs --no-sandbox; no network is used."""
+    assert CHROMIUM is not None
+    cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+           f"--user-data-dir={profile}", f"--window-size={WIDTH},{HEIGHT}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+
+
+class Dom(html.parser.HTMLParser):
+    """The rendered DOM's body attributes, canvas elements and the data attributes of the table's rows."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body: dict[str, str | None] = {}
+        self.canvases: list[dict[str, str | None]] = []
+        self.rows: list[dict[str, str | None]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "body":
+            self.body = attributes
+        elif tag == "canvas":
+            self.canvases.append(attributes)
+        elif tag == "tr" and "data-segment" in attributes:
+            self.rows.append(attributes)
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """make plan for the story's refused request: its plan.json (parsed) and plan.html."""
+    tmp = tmp_path_factory.mktemp("plan-report")
+    run = plan(tmp, *STORY, "-e", "vllm_node_kv_cache_dtype=bfloat16", "-e", "vllm_node_max_model_len=262144",
+               "-e", "vllm_node_gpu_memory_utilization=0.95")
+    assert run.rc != 0 and run.plan is not None and run.plan["fits"] is False, run.out
+    page = tmp / "plan.html"
+    assert page.is_file(), "the refused plan still writes its picture beside plan.json\n" + run.out
+    assert f"Picture: {page}" in " ".join(run.out.split()), "the refusal names the page"
+    return page, run.plan
+
+
+def test_the_page_renders_the_chart_and_its_numbers_match_the_plan_json(refused, tmp_path: Path) -> None:
+    page, data = refused
+    proc = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert proc.returncode == 0, proc.stderr
+    dom = Dom()
+    dom.feed(proc.stdout)
+    assert dom.body.get("data-rendered") == "true", "the page's script did not finish:\n" + proc.stderr[-2000:]
+    assert [c.get("id") for c in dom.canvases] == ["memory-chart"]
+    assert int(dom.body["data-chart-ink-pixels"] or 0) > 10_000, "Chart.js drew (almost) nothing on the canvas"
+    per_gpu, kv = data["per_gpu"], data["kv"]
+    assert int(dom.body["data-budget-bytes"] or 0) == per_gpu["requested_bytes"]
+    assert int(dom.body["data-total-bytes"] or 0) == per_gpu["total_bytes"]
+    # Every planned segment of every GPU, as the page's script rendered it, against the plan JSON.
+    expected = {"weights": per_gpu["weights_bytes"], "activation_peak": per_gpu["activation_peak_bytes"],
+                "cudagraph": per_gpu["cudagraph_bytes"], "kv_cache": per_gpu["kv_cache_bytes"],
+                "kv_over_budget": kv["needed_bytes"] - kv["available_bytes"],
+                "non_torch": per_gpu["non_torch_bytes"], "headroom": per_gpu["headroom_bytes"]}
+    rendered = {(int(r["data-gpu"] or -1), r["data-segment"]): int(r["data-bytes"] or -1)
+                for r in dom.rows if r.get("data-stack") == "planned"}
+    assert rendered == {(gpu, key): value for gpu in range(data["gpu_count"]) for key, value in expected.items()}
+    # At a glance: what the budget holds plus the KV the request still needs passes the budget line.
+    stacked = sum(expected[k] for k in ("weights", "activation_peak", "cudagraph", "kv_cache", "kv_over_budget"))
+    assert stacked > per_gpu["requested_bytes"]
+
+
+def test_a_screenshot_shows_the_kv_over_budget_in_red(refused, tmp_path: Path) -> None:
+    page, _data = refused
+    shot = tmp_path / "plan.png"
+    proc = chromium(tmp_path / "profile", f"--screenshot={shot}", page.as_uri())
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr
+    with Image.open(shot) as image:
+        assert image.format == "PNG"
+        assert image.size == (WIDTH, HEIGHT)
+        rgb = image.convert("RGB")
+        colours = rgb.getcolors(maxcolors=1 << 20) or []
+    assert len(colours) > 50, "the screenshot is (nearly) blank"
+    red = sum(count for count, colour in colours if colour == OVER_BUDGET_RGB)
+    # Eight bars' over-budget parts (5.56 GiB each at ~3.5 px per GiB, ~75 px wide) plus the legend swatch.
+    assert red > 1_000, f"only {red} pixels of the over-budget red in the screenshot"

@@ -1,0 +1,150 @@
+"""The plan as a picture: the chart's data and the HTML page the preflight role writes beside the plan JSON.
+
+The plans are computed by the real sizing code (the story's refused request and one that fits); the page is rendered
+from the role's real template with the vendored Chart.js.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import sizing_groundtruth as gt
+from ansible_collections.vllm_node.vllm_node.plugins.filter.plan_report import plan_report_html as filter_html
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.plan_report import (
+    memory_chart,
+    plan_report_html,
+    script_json,
+)
+from sizing_cases import KIMI, STORY_HARDWARE
+
+ROOT = Path(__file__).resolve().parents[4]
+TEMPLATE = (ROOT / "roles/preflight/templates/plan-report.html.j2").read_text()
+CHART_JS_FILE = ROOT / "roles/preflight/files/chartjs/chart.umd.min.js"
+CHART_JS = CHART_JS_FILE.read_text()
+STORY = dict(STORY_HARDWARE, releases=gt.load_releases())
+
+
+def story_refused() -> dict[str, Any]:
+    """262,144 tokens of bf16 KV for Kimi-K2.5-NVFP4 on 8 x RTX PRO 6000 at 0.95: does not fit."""
+    return vm.memory_plan(KIMI, **dict(STORY, kv_cache_dtype="bfloat16", max_model_len=262144,
+                                       gpu_memory_utilization=0.95))
+
+
+def story_fits() -> dict[str, Any]:
+    return vm.memory_plan(KIMI, **dict(STORY, kv_cache_dtype="bfloat16", max_model_len=131072,
+                                       gpu_memory_utilization=0.95))
+
+
+def embedded(html: str, element_id: str) -> Any:
+    """The JSON of the page's <script type="application/json" id=...> element."""
+    match = re.search(rf'<script type="application/json" id="{element_id}">(.*?)</script>', html, re.S)
+    assert match, f"#{element_id} is missing from the page"
+    return json.loads(match.group(1))
+
+
+def segment(chart: dict[str, Any], stack: str, key: str) -> list[int | None]:
+    return next(s["bytes"] for s in chart[stack] if s["key"] == key)
+
+
+@pytest.mark.parametrize("make_plan", [story_refused, story_fits])
+def test_the_page_embeds_the_plan_json_unchanged(make_plan) -> None:
+    plan = make_plan()
+    # What the preflight role writes to the plan file, read back: the page must carry exactly that.
+    plan_file_data = json.loads(json.dumps(plan, sort_keys=True, indent=4))
+    html = plan_report_html(plan, TEMPLATE, CHART_JS)
+    assert embedded(html, "plan-json") == plan_file_data
+    assert embedded(html, "chart-data") == memory_chart(plan)
+    assert embedded(html, "check-json") is None
+
+
+def test_the_story_refusal_stacks_the_kv_cache_over_the_budget_line() -> None:
+    plan = story_refused()
+    chart = memory_chart(plan)
+    per_gpu, kv = plan["per_gpu"], plan["kv"]
+    assert chart["gpus"] == [f"GPU {i}" for i in range(8)] and chart["fits"] is False
+    assert chart["budget_bytes"] == per_gpu["requested_bytes"]
+    inside = ("weights", "activation_peak", "cudagraph", "kv_cache")
+    below_line = sum(segment(chart, "planned", key)[0] for key in inside)
+    # The budget holds weights, activations, CUDA graphs and the KV pool exactly; the request's KV needs more.
+    assert below_line == pytest.approx(chart["budget_bytes"], abs=1 << 20)
+    over = segment(chart, "planned", "kv_over_budget")
+    assert over == [kv["needed_bytes"] - kv["available_bytes"]] * 8
+    assert over[0] > 5 * (1 << 30)  # 17.16 GiB needed, 11.60 GiB available
+    assert segment(chart, "planned", "kv_cache")[0] + over[0] == kv["needed_bytes"]
+    assert segment(chart, "planned", "weights") == [per_gpu["weights_bytes"]] * 8
+
+
+def test_a_plan_that_fits_has_no_kv_over_the_budget_and_fills_the_gpu() -> None:
+    plan = story_fits()
+    chart = memory_chart(plan)
+    assert chart["fits"] is True
+    assert segment(chart, "planned", "kv_over_budget") == [0] * 8
+    stacked = sum(s["bytes"][0] for s in chart["planned"])
+    assert stacked == pytest.approx(plan["per_gpu"]["total_bytes"], abs=1 << 20)
+    assert chart["reported"] == []
+
+
+def test_reported_figures_stand_beside_the_plan_per_rank() -> None:
+    plan = story_fits()
+    check = {"host": "node1", "time": "2026-12-01T10:00:00Z", "url": "http://127.0.0.1:8000",
+             "plan": {"model": "kimi-k2.5-nvfp4", "max_model_len": 131072},
+             "startup": {"model_loading_bytes": [76 * (1 << 30)] * 8,
+                         "available_kv_cache_bytes": [11 * (1 << 30)] * 7}}
+    chart = memory_chart(plan, check)
+    assert segment(chart, "reported", "weights") == [76 * (1 << 30)] * 8
+    assert segment(chart, "reported", "kv_cache") == [11 * (1 << 30)] * 7 + [None]  # rank 7 logged nothing
+    html = filter_html(plan, TEMPLATE, CHART_JS, check=check, managed="Ansible managed")
+    assert embedded(html, "check-json") == {key: check[key] for key in ("host", "time", "url", "plan")}
+    assert embedded(html, "chart-data") == chart
+    assert "<!-- Ansible managed -->" in html
+    assert "node1" in html
+
+
+def test_a_check_without_startup_figures_adds_no_reported_stack() -> None:
+    assert memory_chart(story_fits(), {"host": "n", "startup": {"model_loading_bytes": []}})["reported"] == []
+
+
+def test_strings_from_the_plan_cannot_close_the_script_element() -> None:
+    plan = dict(story_fits(), notes=["</script><script>alert(1)</script>"], model="a<b>&c")
+    html = plan_report_html(plan, TEMPLATE, CHART_JS)
+    assert "alert(1)</script>" not in html
+    assert "<b>" not in html  # the title is escaped too
+    assert embedded(html, "plan-json")["notes"] == plan["notes"]
+    assert json.loads(script_json({"x": "</script>&"})) == {"x": "</script>&"}
+
+
+def test_the_library_is_inlined_so_the_page_works_offline() -> None:
+    html = plan_report_html(story_fits(), TEMPLATE, CHART_JS)
+    assert CHART_JS.strip()[:200] in html
+    assert not re.search(r'<script[^>]+src=|<link[^>]+href=["\']https?:', html), "no external resource"
+
+
+def test_the_vendored_chart_js_is_the_recorded_release() -> None:
+    """The file is the one roles/preflight/files/chartjs/README.md names: chart.js 4.5.1 from npm, MIT."""
+    assert hashlib.sha256(CHART_JS_FILE.read_bytes()).hexdigest() == (
+        "48444a82d4edcb5bec0f1965faacdde18d9c17db3063d042abada2f705c9f54a")
+    assert "Chart.js v4.5.1" in CHART_JS[:200]
+    assert "MIT" in (CHART_JS_FILE.parent / "LICENSE.md").read_text()
+    assert "4.5.1" in (CHART_JS_FILE.parent / "README.md").read_text()
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({}, "plan must be the plan JSON"),
+    ({"per_gpu": {}, "gpu_count": 0}, "gpu_count must be an integer >= 1"),
+    ({"per_gpu": {"weights_bytes": "lots"}, "gpu_count": 1}, "per_gpu.weights_bytes must be a byte count"),
+])
+def test_bad_plans_are_refused_with_what_is_wrong(bad, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        memory_chart(bad)
+
+
+def test_the_filter_names_itself_on_bad_input() -> None:
+    with pytest.raises(Exception, match="plan_report_html: plan must be"):
+        filter_html([], TEMPLATE, CHART_JS)
