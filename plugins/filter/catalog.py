@@ -62,6 +62,12 @@ def model_entry_errors(key: str, entry: Any) -> list[str]:
     quant = entry.get("quant")
     if quant is not None and not isinstance(quant, Mapping):
         errors.append(f"{where}.quant must be null or hf_quant_config.json's quantization mapping; got {quant!r}.")
+    spec = entry.get("speculative_config")
+    if spec is not None and not (isinstance(spec, Mapping) and spec.get("method")
+                                 and _positive_int(spec.get("num_speculative_tokens"))):
+        errors.append(f"{where}.speculative_config must be a mapping shaped like vLLM's --speculative-config JSON "
+                      f"with method and a positive num_speculative_tokens, e.g. {{method: eagle3, model: org/draft, "
+                      f"num_speculative_tokens: 3}}; got {spec!r}.")
     serving = entry.get("serving", {})
     if not isinstance(serving, Mapping):
         errors.append(f"{where}.serving must be a mapping (trust_remote_code, reasoning_parser, tool_call_parser, "

@@ -81,3 +81,19 @@ def test_the_fixture_catalog_is_a_valid_extra_catalog() -> None:
     """tests/fixtures/catalog/models.yml is used exactly as a user's vllm_node_extra_models would be."""
     extra = yaml.safe_load((ROOT / "tests/fixtures/catalog/models.yml").read_text())["vllm_node_extra_models"]
     assert catalog.catalog_errors(extra, extra, "models") == []
+
+
+@pytest.mark.parametrize("spec", [{"num_speculative_tokens": 3}, {"method": "eagle3", "num_speculative_tokens": 0},
+                                  "eagle3", {"method": "mtp", "num_speculative_tokens": "3"}])
+def test_a_malformed_speculative_config_is_named_with_its_shape(spec: Any) -> None:
+    entry = dict(GOOD_MODEL, speculative_config=spec)
+    errors = catalog.catalog_errors({"small": entry}, {"small": entry}, "models")
+    assert len(errors) == 1 and "speculative_config must be a mapping shaped like vLLM's --speculative-config" in \
+        errors[0], errors
+
+
+def test_the_products_speculative_configs_pass_and_one_can_be_added() -> None:
+    entry = dict(GOOD_MODEL, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                 "prompt_lookup_max": 4})
+    assert catalog.catalog_errors({"small": entry}, {"small": entry}, "models") == []
+    assert catalog.catalog_errors(PRODUCT, PRODUCT, "models") == []

@@ -108,3 +108,21 @@ def test_more_gpus_never_lower_the_safe_length(a, b, mib, spec):
     low, high = sorted((a, b))
     hw = dict(STORY_HARDWARE, gpu_memory_bytes=mib * MiB)
     assert _safe(KIMI_MTP, spec, **dict(hw, gpu_count=low)) <= _safe(KIMI_MTP, spec, **dict(hw, gpu_count=high))
+
+
+def test_the_catalogs_kimi_eagle3_draft_plans_and_renders_its_flag():
+    """The story's known speed-up, carried by the catalog entry: sized as one MLA draft layer, flag in the unit."""
+    from test_catalogs import PRODUCT
+    entry = PRODUCT["kimi-k2.5-nvfp4"]
+    spec = entry["speculative_config"]
+    assert spec["method"] == "eagle3" and spec["model"] == "lightseekorg/kimi-k2.5-eagle3-mla"
+    kwargs = dict(STORY_HARDWARE, releases=RELEASES, kv_cache_dtype="bfloat16", max_model_len=131072,
+                  gpu_memory_utilization=0.95)
+    plain = vm.memory_plan(entry["config"], **dict(kwargs, quant=entry["quant"]))
+    drafted = vm.memory_plan(entry["config"], speculative_config=spec, **dict(kwargs, quant=entry["quant"]))
+    assert drafted["fits"] and drafted["speculative_config"]["draft_layers"] == 1
+    assert drafted["kv"]["bytes_per_token"] == plain["kv"]["bytes_per_token"] * 62 // 61   # 61 layers + the draft
+    argv = vm.service(drafted, model_dir="/srv/vllm/models/nvidia/Kimi-K2.5-NVFP4")["argv"]
+    flag = argv[argv.index("--speculative-config") + 1]
+    assert json.loads(flag) == spec
+    assert "--speculative-config" not in vm.service(plain, model_dir="/m")["argv"]
