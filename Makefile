@@ -107,4 +107,4 @@ demo-rerun: setup
 	@bash scripts/time-rerun.sh
 
 clean:
-	rm -rf .cache artifacts/*.json
+	rm -rf .cache artifacts/*.json artifacts/*.html
