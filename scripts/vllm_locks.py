@@ -137,12 +137,25 @@ def load_platforms(path: Path = PLATFORMS_FILE) -> dict[str, dict[str, str]]:
 Fetch = Callable[[str], dict[str, Any]]
 
 
-def fetch_page(name: str, index_url: str = DEFAULT_INDEX, timeout: float = 60) -> dict[str, Any]:
-    """A project's PEP 691 JSON page from the index, reduced to what the check reads (file names, sha256, Python)."""
+def fetch_page(name: str, index_url: str = DEFAULT_INDEX, timeout: float = 60, attempts: int = 3) -> dict[str, Any]:
+    """A project's PEP 691 JSON page from the index, reduced to what the check reads (file names, sha256, Python).
+    A project the index does not have (404) is a page without files; a network error is retried, then raised."""
     request = urllib.request.Request(f"{index_url.rstrip('/')}/{canonicalize_name(name)}/",
                                      headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (https index URL)
-        page = json.load(response)
+    for attempt in range(1, attempts + 1):
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 (https index URL)
+                page = json.load(response)
+            break
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return {"name": canonicalize_name(name), "files": []}
+            if attempt == attempts:
+                raise
+        except (urllib.error.URLError, TimeoutError):
+            if attempt == attempts:
+                raise
+        time.sleep(2 * attempt)
     return {"name": canonicalize_name(name),
             "files": [{"filename": f["filename"], "sha256": f.get("hashes", {}).get("sha256", ""),
                        "requires_python": f.get("requires-python") or "", "yanked": bool(f.get("yanked"))}

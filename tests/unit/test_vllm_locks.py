@@ -160,3 +160,22 @@ def test_the_cache_answers_a_second_run_and_refetches_a_new_pin(tmp_path: Path):
     check_lock(EXCERPT.replace("six==1.17.0", "six==1.17.9"), "x", [("Ubuntu 24.04", "2.39")],
                CachedIndex(cache_dir=tmp_path, fetch=fetch))
     assert calls[3:] == ["six"], "a page that does not know the pinned version is fetched again"
+
+
+def test_a_project_the_index_does_not_have_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """fetch_page turns the index's 404 into a page without files, so the pin is reported, not a crash."""
+    import urllib.error
+    import urllib.request
+
+    import vllm_locks
+
+    def not_found(request: urllib.request.Request, timeout: float) -> None:
+        raise urllib.error.HTTPError(request.full_url, 404, "Not Found", None, None)
+
+    monkeypatch.setattr(urllib.request, "urlopen", not_found)
+    doctored = EXCERPT.replace("six==1.17.0", "sixx==1.17.0")
+    index = CachedIndex(cache_dir=tmp_path, fetch=lambda name: recorded(name) if name != "sixx"
+                        else vllm_locks.fetch_page(name))
+    problems, _ = check_lock(doctored, "doctored.txt", [("Debian 13", "2.41")], index)
+    assert problems == ["doctored.txt: sixx==1.17.0 for Python 3.12 on Debian 13 (x86_64, glibc 2.41): "
+                        "the index has no file of this version"]
