@@ -29,7 +29,7 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup test-tools docker images wheelhouse oracle fixtures lint docs unit integration molecule test demo demo-rerun plan clean
+.PHONY: help setup test-tools docker images wheelhouse oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
@@ -37,7 +37,8 @@ help:
 	@echo "make test   everything CI runs: lint, unit, integration, molecule scenarios"
 	@echo "make plan   size a deployment, e.g. make plan ARGS='-e vllm_node_model=kimi-k2.5-nvfp4 ...'"
 	@echo "make docs   regenerate the role READMEs' variable tables from meta/argument_specs.yml"
-	@echo "make lint | unit | integration | molecule | images | wheelhouse | oracle | setup"
+	@echo "make locks  recompile the CUDA locks (one per Python the supported OSes carry) and their catalog"
+	@echo "make lint | unit | lock-check | integration | molecule | images | wheelhouse | oracle | setup"
 
 setup:
 	@bash scripts/setup-controller.sh
@@ -70,7 +71,18 @@ docs: setup
 oracle: wheelhouse
 	$(call timed,oracle,bash scripts/build-oracle-venv.sh)
 
-unit: setup oracle
+# The CUDA locks (roles/vllm_env/files/requirements/vllm-*-cuda-py*.txt), one per Python the supported OSes carry
+# (roles/vllm_node/vars/main/platforms.yml), and their catalog vars/main/vllm_locks.yml; needs the package index.
+# Existing pins are kept (uv prefers them); delete a lock to re-resolve it.
+locks: setup
+	python scripts/vllm_locks.py compile
+
+# Every pin of every CUDA lock has a wheel on the index for its OS's Python and glibc whose sha256 the lock lists
+# (index metadata only, cached in .cache/pypi-simple: ~17 s cold, ~3 s warm), and the catalog matches the locks.
+lock-check: setup
+	$(call timed,lock-check,python scripts/vllm_locks.py check && python scripts/vllm_locks.py catalog --check)
+
+unit: setup oracle lock-check
 	$(call timed,unit,scripts/pytest-strict.sh tests/unit)
 
 # images: tests/integration/test_inventory_precedence.py renders the unit in a throwaway systemd container;
@@ -95,4 +107,4 @@ demo-rerun: setup
 	@bash scripts/time-rerun.sh
 
 clean:
-	rm -rf .cache artifacts/*.json
+	rm -rf .cache artifacts/*.json artifacts/*.html

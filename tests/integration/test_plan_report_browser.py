@@ -2,14 +2,17 @@
 
 `make plan` for the story's refused request (262,144 tokens of bf16 KV for Kimi-K2.5-NVFP4 on 8 x RTX PRO 6000)
 writes plan.html beside plan.json. Chromium loads it from disk with no network: the page's script runs, Chart.js
-draws the chart, the table the script builds carries the same numbers as the JSON, and a screenshot shows the red
+draws the chart, the table the script builds carries the same numbers as the plan JSON (and vLLM's reported figures
+from an inference check report beside them), and a screenshot shows the red
 "KV cache needed beyond the budget" part of the bars.
 Skipped when chromium is not installed locally; under CI (CI=true) a missing chromium fails instead:
 scripts/ensure-test-tools.sh, which .ci/run calls, installs it.
+PLAN_REPORT_SCREENSHOT=/path/plan.png keeps the screenshot for a person to look at.
 """
 from __future__ import annotations
 
 import html.parser
+import json
 import os
 import shutil
 import subprocess
@@ -21,6 +24,12 @@ from test_plan_playbook import STORY, plan
 
 CHROMIUM = shutil.which("chromium")
 WIDTH, HEIGHT = 1100, 900
+GIB = 1 << 30
+# What the inference check read from vLLM's log on a node (made up, 8 ranks; rank 7 logged no KV figure).
+CHECK = {"host": "node1", "time": "2026-12-01T10:00:00Z", "url": "http://127.0.0.1:8000",
+         "plan": {"model": "kimi-k2.5-nvfp4", "max_model_len": 131072},
+         "startup": {"model_loading_bytes": [71 * GIB + i for i in range(8)],
+                     "available_kv_cache_bytes": [11 * GIB + i for i in range(7)]}}
 # The page's colour for the KV cache the request needs beyond the budget (#d62728).
 OVER_BUDGET_RGB = (0xD6, 0x27, 0x28)
 
@@ -63,8 +72,11 @@ class Dom(html.parser.HTMLParser):
 def refused(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     """make plan for the story's refused request: its plan.json (parsed) and plan.html."""
     tmp = tmp_path_factory.mktemp("plan-report")
+    # An inference check report whose start-up figures (per rank) the page shows beside the plan.
+    check = tmp / "inference-check.json"
+    check.write_text(json.dumps(CHECK))
     run = plan(tmp, *STORY, "-e", "vllm_node_kv_cache_dtype=bfloat16", "-e", "vllm_node_max_model_len=262144",
-               "-e", "vllm_node_gpu_memory_utilization=0.95")
+               "-e", "vllm_node_gpu_memory_utilization=0.95", "-e", f"preflight_plan_report_check_file={check}")
     assert run.rc != 0 and run.plan is not None and run.plan["fits"] is False, run.out
     page = tmp / "plan.html"
     assert page.is_file(), "the refused plan still writes its picture beside plan.json\n" + run.out
@@ -92,6 +104,12 @@ def test_the_page_renders_the_chart_and_its_numbers_match_the_plan_json(refused,
     rendered = {(int(r["data-gpu"] or -1), r["data-segment"]): int(r["data-bytes"] or -1)
                 for r in dom.rows if r.get("data-stack") == "planned"}
     assert rendered == {(gpu, key): value for gpu in range(data["gpu_count"]) for key, value in expected.items()}
+    # vLLM's reported figures per rank, beside the plan, from the check report the play read.
+    reported = {(int(r["data-gpu"] or -1), r["data-segment"]): int(r["data-bytes"] or -1)
+                for r in dom.rows if r.get("data-stack") == "reported"}
+    startup = CHECK["startup"]
+    assert reported == {**{(i, "weights"): b for i, b in enumerate(startup["model_loading_bytes"])},
+                        **{(i, "kv_cache"): b for i, b in enumerate(startup["available_kv_cache_bytes"])}}
     # At a glance: what the budget holds plus the KV the request still needs passes the budget line.
     stacked = sum(expected[k] for k in ("weights", "activation_peak", "cudagraph", "kv_cache", "kv_over_budget"))
     assert stacked > per_gpu["requested_bytes"]
@@ -99,7 +117,7 @@ def test_the_page_renders_the_chart_and_its_numbers_match_the_plan_json(refused,
 
 def test_a_screenshot_shows_the_kv_over_budget_in_red(refused, tmp_path: Path) -> None:
     page, _data = refused
-    shot = tmp_path / "plan.png"
+    shot = Path(os.environ.get("PLAN_REPORT_SCREENSHOT", tmp_path / "plan.png"))
     proc = chromium(tmp_path / "profile", f"--screenshot={shot}", page.as_uri())
     assert proc.returncode == 0 and shot.is_file(), proc.stderr
     with Image.open(shot) as image:
@@ -109,5 +127,6 @@ def test_a_screenshot_shows_the_kv_over_budget_in_red(refused, tmp_path: Path) -
         colours = rgb.getcolors(maxcolors=1 << 20) or []
     assert len(colours) > 50, "the screenshot is (nearly) blank"
     red = sum(count for count, colour in colours if colour == OVER_BUDGET_RGB)
-    # Eight bars' over-budget parts (5.56 GiB each at ~3.5 px per GiB, ~75 px wide) plus the legend swatch.
-    assert red > 1_000, f"only {red} pixels of the over-budget red in the screenshot"
+    # Eight planned bars' over-budget parts (5.56 GiB each, ~18 px high, ~35 px wide beside the reported bars:
+    # ~4,500 px); the legend swatch alone is ~470 px (the budget line is another red, #8b0000).
+    assert red > 2_000, f"only {red} pixels of the over-budget red in the screenshot"

@@ -102,3 +102,37 @@ def test_the_story_is_refused_before_anything_changes(tmp_path: Path) -> None:
     assert plan is not None and plan["fits"] is False
     assert "do not fit" in out and "Safe max-model-len: " in out
     assert re.search(r"gpu-node-01\s*:\s*ok=\d+\s+changed=\d+\s+unreachable=0\s+failed=1", out)
+
+
+def os_facts(distribution: str, major: str) -> dict[str, Any]:
+    """node_facts_os as the node_facts role reports it."""
+    return {"distribution": distribution, "major_version": major, "version": major, "codename": "", "family": "Debian"}
+
+
+def test_a_python_without_a_cuda_lock_is_refused_before_the_driver(tmp_path: Path) -> None:
+    """Ubuntu 22.04's Python 3.10: vLLM 0.33.0 publishes nothing for it (Requires-Python >=3.11), so no lock."""
+    rc, out, plan = preflight(tmp_path, node_gpus(), node_facts_os=os_facts("Ubuntu", "22"))
+    assert rc != 0
+    assert ("the vLLM 0.33.0 CUDA build has no lock for Python 3.10 (Ubuntu 22.04): vLLM 0.33.0 requires Python "
+            "<3.15,>=3.11, locks exist for Python 3.11, 3.12, 3.13") in out
+    assert "set vllm_env_python_interpreter" in out and plan is None
+
+
+def test_every_other_supported_os_has_its_cuda_lock(tmp_path: Path) -> None:
+    for distribution, major, lock in [("Debian", "12", "py3.11"), ("Debian", "13", "py3.13"),
+                                      ("Ubuntu", "24", "py3.12")]:
+        rc, out, plan = preflight(tmp_path, node_gpus(), node_facts_os=os_facts(distribution, major))
+        assert rc == 0, out
+        assert f"lock vllm-0.33.0-cuda-{lock}.txt; driver branch 580 runs CUDA up to 13.0" in out
+
+
+def test_a_driver_branch_too_old_for_the_locks_cuda_is_refused(tmp_path: Path) -> None:
+    """Branch 570 runs CUDA 12.x; the 0.33.0 lock pins the CUDA 13 runtime. Without node facts (the controller's
+    plan) every lock of the release counts; with them, the node's own lock is named."""
+    rc, out, plan = preflight(tmp_path, node_gpus(), nvidia_driver_branch=570, node_facts_os=os_facts("Debian", "13"))
+    assert rc != 0 and plan is None
+    assert ("driver branch 570 supports CUDA up to 12.8; the vLLM 0.33.0 CUDA lock for Python 3.13 needs CUDA 13 "
+            "(nvidia-cuda-runtime 13.0.96, torch 2.14.0): set nvidia_driver_branch to 580 or newer.") in out
+    rc, out, _ = preflight(tmp_path, node_gpus(), nvidia_driver_branch="575")
+    assert rc != 0
+    assert "driver branch 575 supports CUDA up to 12.9; the vLLM 0.33.0 CUDA lock needs CUDA 13" in out

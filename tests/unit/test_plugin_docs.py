@@ -65,3 +65,10 @@ def test_service_fingerprint_filter_documentation():
     doc = json.loads(proc.stdout)["vllm_node.vllm_node.service_fingerprint"]["doc"]
     assert set(doc["options"]) == {"_input", "secrets", "previous"}
     assert all(option.get("description") for option in doc["options"].values())
+
+
+def test_vllm_platform_check_filter_documentation():
+    proc = ansible_doc("--json", "-t", "filter", "vllm_node.vllm_node.vllm_platform_check")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)["vllm_node.vllm_node.vllm_platform_check"]["doc"]
+    assert set(doc["options"]) == {"_input", "version", "variant", "python", "os_name", "driver_branch", "driver_cuda"}

@@ -2,7 +2,8 @@
 every pin has a sha256, each file records the Python it was compiled for, the default vLLM version
 (roles/vllm_node/defaults) has a file, and the cpu variant's unusable distributions (vars/main.yml) are not in
 its file. The cpu locks (0.31.0 and 0.32.0, for the day-2 upgrade and rollback) are compiled alike, pin the same
-torch, and their versions are in the release rules' known versions."""
+torch, and their versions are in the release rules' known versions. The CUDA locks of a release (one per Python,
+vllm-<version>-cuda-py<X.Y>.txt) are compiled from one .in by one command."""
 from __future__ import annotations
 
 import re
@@ -16,7 +17,10 @@ ROLE = ROOT / "roles" / "vllm_env"
 REQ_DIR = ROLE / "files" / "requirements"
 LOCKS = sorted(REQ_DIR.glob("vllm-*.txt"))
 CPU_LOCKS = sorted(REQ_DIR.glob("vllm-*-cpu.txt"))
+CUDA_LOCKS = sorted(REQ_DIR.glob("vllm-*-cuda-py*.txt"))
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
+# vllm-<version>-<variant>[-py<X.Y>].txt
+NAME = re.compile(r"vllm-(?P<version>[^-]+)-(?P<variant>[a-z]+)(?:-py(?P<python>\d+\.\d+))?\.txt")
 
 
 def parse_lock(text: str) -> dict[str, tuple[str, list[str]]]:
@@ -39,7 +43,8 @@ def variants() -> dict:
 
 
 def test_there_are_locks():
-    assert {p.name for p in LOCKS} >= {"vllm-0.33.0-cuda.txt", "vllm-0.32.0-cpu.txt", "vllm-0.31.0-cpu.txt"}
+    assert {p.name for p in LOCKS} >= {"vllm-0.33.0-cuda-py3.11.txt", "vllm-0.33.0-cuda-py3.12.txt",
+                                       "vllm-0.33.0-cuda-py3.13.txt", "vllm-0.32.0-cpu.txt", "vllm-0.31.0-cpu.txt"}
 
 
 @pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
@@ -56,17 +61,19 @@ def test_every_pin_is_hashed(lock: Path):
 
 @pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
 def test_lock_matches_its_name_and_input(lock: Path):
-    version, variant = re.fullmatch(r"vllm-(.+)-(\w+)\.txt", lock.name).groups()
+    version, variant, python = NAME.fullmatch(lock.name).group("version", "variant", "python")
     dist = variants()[variant]["distribution"]
     assert parse_lock(lock.read_text())[dist][0] == version
-    assert lock.with_suffix(".in").is_file(), "the .in the lock was compiled from is kept beside it"
-    assert re.search(r"--python-version \d+\.\d+", lock.read_text()), "the role reads the target Python from here"
+    assert (REQ_DIR / f"vllm-{version}-{variant}.in").is_file(), "the .in the lock was compiled from is kept beside it"
+    header = re.search(r"--python-version (\d+\.\d+)", lock.read_text())
+    assert header, "the role reads the target Python from here"
+    assert python in (None, header.group(1)), "a -py<X.Y> lock is compiled for that Python"
     assert lock.name in lock.read_text().splitlines()[1], "the header records the command that wrote it"
 
 
 @pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
 def test_variant_uninstall_list_is_not_in_the_lock(lock: Path):
-    variant = re.fullmatch(r"vllm-.+-(\w+)\.txt", lock.name).group(1)
+    variant = NAME.fullmatch(lock.name).group("variant")
     pins = parse_lock(lock.read_text())
     assert [name for name in variants()[variant]["uninstall"] if name in pins] == []
 
@@ -89,8 +96,8 @@ def test_locks_ship_the_hf_cli():
 
 def test_node_default_has_a_lock():
     knobs = yaml.safe_load((ROOT / "roles" / "vllm_node" / "defaults" / "main.yml").read_text())
-    name = f"vllm-{knobs['vllm_node_vllm_version']}-{knobs['vllm_node_vllm_variant']}.txt"
-    assert (REQ_DIR / name).is_file()
+    name = f"vllm-{knobs['vllm_node_vllm_version']}-{knobs['vllm_node_vllm_variant']}"
+    assert list(REQ_DIR.glob(f"{name}-py*.txt")) or (REQ_DIR / f"{name}.txt").is_file()
 
 
 def test_cpu_locks_are_compiled_alike_with_one_torch():
@@ -106,6 +113,20 @@ def test_cpu_locks_are_compiled_alike_with_one_torch():
 
 @pytest.mark.parametrize("lock", LOCKS, ids=lambda p: p.name)
 def test_lock_version_is_known_to_the_release_rules(lock: Path):
-    version = re.fullmatch(r"vllm-(.+)-\w+\.txt", lock.name).group(1)
+    version = NAME.fullmatch(lock.name).group("version")
     releases = yaml.safe_load((ROOT / "roles" / "vllm_node" / "vars" / "main" / "vllm_releases.yml").read_text())
     assert version in releases["vllm_node_vllm_releases"]["known_versions"]
+
+
+def test_cuda_locks_of_a_release_are_compiled_alike():
+    """One .in, one uv command per release; only the Python (and the output name) differ (make locks)."""
+    def command(lock: Path) -> str:
+        python = NAME.fullmatch(lock.name).group("python")
+        return lock.read_text().splitlines()[1].replace(python, "X.Y")
+
+    assert len(CUDA_LOCKS) >= 3
+    by_release: dict[str, set[str]] = {}
+    for lock in CUDA_LOCKS:
+        by_release.setdefault(NAME.fullmatch(lock.name).group("version"), set()).add(command(lock))
+    assert all(len(commands) == 1 for commands in by_release.values()), by_release
+    assert not list(REQ_DIR.glob("vllm-*-cuda.txt")), "CUDA locks are per Python: vllm-<version>-cuda-py<X.Y>.txt"
