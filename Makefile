@@ -102,7 +102,7 @@ plan: setup
 demo: setup images wheelhouse
 	@bash scripts/demo.sh
 
-# The idempotent re-run's figure (README): fails when it changes anything or exceeds RERUN_MAX_SECONDS (120).
+# The idempotent re-run's figure (README): fails when it changes anything or exceeds RERUN_MAX_SECONDS (60 s on an idle machine, stretched by the load per CPU above 1).
 demo-rerun: setup
 	@bash scripts/time-rerun.sh
 

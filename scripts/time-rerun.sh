@@ -3,7 +3,7 @@
 # wall time, tasks run, changed count, the machine's load average during the run and the 20 slowest tasks.
 # Usage: scripts/time-rerun.sh [INVENTORY] [extra ansible-playbook arguments...]
 #   INVENTORY  default inventories/demo/hosts.yml (the node `make demo` converged)
-#   RERUN_MAX_SECONDS  fail above this wall time on an idle machine (default 120, twice the target); stretched by the
+#   RERUN_MAX_SECONDS  fail above this wall time on an idle machine (default 60, the target); stretched by the
 #                      mean load average per CPU above 1, so a busy machine does not flake (as the site_e2e test does)
 #   RERUN_LOG          keep the whole ansible output there (default a temporary file, removed)
 # Fails when the run fails, changes anything (changed != 0) or takes longer than the bound.
@@ -14,7 +14,7 @@ export ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_
 
 inventory=${1:-inventories/demo/hosts.yml}
 shift || true
-max=${RERUN_MAX_SECONDS:-120}
+max=${RERUN_MAX_SECONDS:-60}
 log=${RERUN_LOG:-$(mktemp)}
 [ -n "${RERUN_LOG:-}" ] || trap 'rm -f "$log"' EXIT
 
