@@ -121,3 +121,11 @@ def test_verified_revisions_reads_only_complete_verified_markers() -> None:
         {"item": f"/m/revisions/{C}/.vllm-node-complete.json", "content": "bm90IGpzb24="},
     ]
     assert md.verified_revisions(results) == [{"dir": f"/m/revisions/{A}", "sha256": {"m.safetensors": SHA1}}]
+
+
+def test_metadata_sources_read_the_kept_original_and_skip_absent_files():
+    local = {"config.json": 10, "config.json.orig": 12, "hf_quant_config.json": 3}
+    sources = md.metadata_sources(["config.json", "hf_quant_config.json", "model.safetensors.index.json"], local,
+                                  "/srv/m/revisions/abc")
+    assert sources == {"config.json": "/srv/m/revisions/abc/config.json.orig",
+                       "hf_quant_config.json": "/srv/m/revisions/abc/hf_quant_config.json"}
