@@ -263,8 +263,8 @@ def build(args: argparse.Namespace) -> Path:
     plan = {
         "lock": {"name": args.lock.name, "sha256": sha256_file(args.lock)},
         "uv_version": read_uv_version(),
-        "model": {"repo": args.repo, "requested_revision": args.revision, "commit": commit,
-                  "endpoint": args.hf_endpoint},
+        # the content is the commit's: where it was fetched from and by which name do not change the bundle
+        "model": {"repo": args.repo, "commit": commit},
         "apt": {"image": args.apt_image, "packages": packages},
     }
     bundle = args.out / plan_hash(plan)[:16]
