@@ -74,7 +74,7 @@ def test_converged_from_the_bundle(host):
     node_copy = f"{NODE_BUNDLE_DIR}/{manifest['plan_sha256'][:16]}"
     assert host.file(f"{node_copy}/manifest.json").exists
     record = json.loads(host.file(f"/srv/vllm/models/{repo}/.vllm-node-download.json").content_string)
-    assert record["commit"] == commit and record["endpoint"] == f"bundle:{manifest['plan_sha256']}"
+    assert record["commit"] == commit and record["endpoint"] == "bundle"
     assert host.file(f"/srv/vllm/models/{repo}/revisions/{commit}/.vllm-node-complete.json").exists
     assert host.service("vllm").is_running
     for package in plan["apt"]["packages"]:
