@@ -75,8 +75,9 @@ def _edge(figure: str, band: dict[str, Any]) -> float | None:
 
 
 def _previous_limit(figure: str, previous: float, tolerance: float) -> float:
-    """How far the figure may move from the previous run before it is a regression."""
-    return previous * (1 - tolerance) if HIGHER_IS_BETTER[figure] else previous * (1 + tolerance)
+    """How far the figure may move from the previous run before it is a regression: a factor of 1 + tolerance
+    either way (a rate may drop to previous / (1 + t), a latency grow to previous x (1 + t))."""
+    return previous / (1 + tolerance) if HIGHER_IS_BETTER[figure] else previous * (1 + tolerance)
 
 
 def compare(measured: dict[str, dict[str, Any]], band: dict[str, Any], previous: dict[str, dict[str, Any]] | None,
@@ -86,7 +87,7 @@ def compare(measured: dict[str, dict[str, Any]], band: dict[str, Any], previous:
     measured / previous: {level: figures(...)}; band: {level: {concurrency?, figure: {min, max}}, previous_tolerance?}
     (a level's band with another concurrency than measured is not applied).
     A figure fails when it is worse than the band's edge (min of a rate, max of a latency) or worse than the
-    previous run by more than the tolerance (relative; the band's previous_tolerance wins over `tolerance`).
+    previous run by more than a factor 1 + tolerance (the band's previous_tolerance wins over `tolerance`).
     Failed requests always fail. Returns {rows, failures, passed, band, tolerance}.
     """
     if tolerance < 0:

@@ -134,3 +134,10 @@ def test_a_figure_on_its_band_edge_and_equal_to_the_previous_run_passes(value, f
     verdict = compare({"single": level(**{figure: value})}, {"single": {figure: {side: value}}},
                       {"single": {figure: value}}, tol)
     assert [r["verdict"] for r in verdict["rows"] if r["figure"] == figure] == ["ok"]
+
+
+def test_the_tolerance_is_a_factor_both_ways():
+    previous = {"single": level(output_tps=100.0, ttft_ms_p99=100.0)}
+    assert compare({"single": level(output_tps=81.0, ttft_ms_p99=124.0)}, {}, previous, 0.25)["passed"]
+    failed = compare({"single": level(output_tps=79.0, ttft_ms_p99=126.0)}, {}, previous, 0.25)
+    assert [r["figure"] for r in failed["rows"] if r["verdict"] == "regression"] == ["output_tps", "ttft_ms_p99"]
