@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "roles" / "observability" / "files" / "dashboards").glob("*.json"))
 VLLM_FAMILIES = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.32.0-metric-families.txt"
 DCGM_EXPOSITION = ROOT / "tests" / "fixtures" / "dcgm_exporter" / "metrics"
+NODE_EXPORTER_NAMES = ROOT / "tests" / "fixtures" / "metrics" / "node-exporter-1.5.0-names.txt"
 
 
 @pytest.mark.parametrize(("expr", "names"), [
@@ -107,9 +108,14 @@ def test_missing_metric_names_checks_only_the_prefixes_and_accepts_histogram_sam
 
 # ---- the contract on the committed dashboards, against the recorded scrapes ------------------------------------
 
+def recorded(path: Path) -> set[str]:
+    """Recorded metric names, one a line ('#' comments)."""
+    return {line for line in path.read_text().splitlines() if line and not line.startswith("#")}
+
+
 def recorded_vllm_names() -> set[str]:
-    """vLLM 0.32.0's metric families, as recorded (one per line)."""
-    return {line for line in VLLM_FAMILIES.read_text().splitlines() if line and not line.startswith("#")}
+    """vLLM 0.32.0's metric families, as recorded."""
+    return recorded(VLLM_FAMILIES)
 
 
 def load(path: Path) -> dict:
@@ -142,6 +148,7 @@ def test_dashboards_use_only_names_the_pinned_vllm_and_dcgm_exporter_expose(path
     dcgm = mn.exposition_names(DCGM_EXPOSITION.read_text())
     assert mn.missing_metric_names(exprs, recorded_vllm_names(), ["vllm:", "http_"]) == {}
     assert mn.missing_metric_names(exprs, dcgm, ["DCGM_"]) == {}
+    assert mn.missing_metric_names(exprs, recorded(NODE_EXPORTER_NAMES), ["node_"]) == {}
 
 
 @pytest.mark.parametrize(("old", "new", "panel"), [
@@ -149,18 +156,19 @@ def test_dashboards_use_only_names_the_pinned_vllm_and_dcgm_exporter_expose(path
     ("vllm:request_time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_bucket",
      "Time per output token (p50, p90, p99)"),
     ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR", "Xid errors"),
-], ids=["kv-cache-pre-0.32", "tpot-pre-0.32", "dcgm-xid"])
+    ("node_memory_MemAvailable_bytes", "node_memory_MemAvailable", "Node memory available"),
+], ids=["kv-cache-pre-0.32", "tpot-pre-0.32", "dcgm-xid", "node-exporter-pre-0.16"])
 def test_the_contract_fails_on_a_renamed_metric(old: str, new: str, panel: str) -> None:
     """The dashboards with one metric renamed back to a name vLLM 0.32 (or dcgm-exporter) does not expose: the
     check names the panel and the missing metric."""
     dcgm = mn.exposition_names(DCGM_EXPOSITION.read_text())
-    exposed = recorded_vllm_names() | dcgm
+    exposed = recorded_vllm_names() | dcgm | recorded(NODE_EXPORTER_NAMES)
     for path in DASHBOARDS:
         text = path.read_text()
         if old not in text:
             continue
         renamed = json.loads(text.replace(old, new))
-        checked = ["vllm:", "http_", "DCGM_"]
+        checked = ["vllm:", "http_", "DCGM_", "node_"]
         assert mn.missing_metric_names(mn.dashboard_expressions(json.loads(text)), exposed, checked) == {}
         assert mn.missing_metric_names(mn.dashboard_expressions(renamed), exposed, checked) == {panel: [new]}
         return
