@@ -139,18 +139,17 @@ def test_openai_api_with_the_key(address, api_key, model):
 
 
 def stream(address: str, api_key: str, body: dict) -> tuple[float, list[float], int]:
-    """A streamed chat completion through the gateway: (seconds to the end, arrival time of each data event, status)."""
+    """A streamed chat completion through the gateway: (seconds to [DONE], arrival time of each data event, status)."""
     conn = http.client.HTTPSConnection(address, GATEWAY_PORT, context=tls(), timeout=120)
     start = time.monotonic()
     conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
                  headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
     response = conn.getresponse()
     arrivals = []
-    while True:
-        line = response.fp.readline()
-        if not line:
+    while line := response.readline():     # de-chunked; the connection stays open after [DONE]
+        if line.strip() == b"data: [DONE]":
             break
-        if line.startswith(b"data: ") and line.strip() != b"data: [DONE]":
+        if line.startswith(b"data: "):
             arrivals.append(time.monotonic() - start)
     end = time.monotonic() - start
     conn.close()
@@ -158,35 +157,41 @@ def stream(address: str, api_key: str, body: dict) -> tuple[float, list[float], 
 
 
 def test_streaming_passes_through_unbuffered(address, api_key, model):
-    """Events arrive while the generation runs, not all at its end: the first one well before the last."""
+    """Events arrive one by one while the generation runs. Buffered, the 512 events (about 100 KB) would arrive at
+    its end in a handful of reads of the proxy's 16 KB buffers, within milliseconds."""
     total, arrivals, status = stream(address, api_key, chat(model, 512, stream=True))
     assert status == 200
     assert len(arrivals) >= 512
-    spread = arrivals[-1] - arrivals[0]
-    record("gateway_stream", {"events": len(arrivals), "first_s": round(arrivals[0], 3),
-                              "last_s": round(arrivals[-1], 3), "total_s": round(total, 3)})
-    # Buffered, every event would arrive within one read at the end (a spread of milliseconds).
-    assert arrivals[0] < 0.5 * total, arrivals[:3]
-    assert spread > 0.3 * (total - arrivals[0])
-    assert len({round(t, 2) for t in arrivals}) > 20
+    instants = len({round(t, 3) for t in arrivals})
+    record("gateway_stream", {"events": len(arrivals), "distinct_arrival_ms": instants,
+                              "first_s": round(arrivals[0], 3), "last_s": round(arrivals[-1], 3),
+                              "total_s": round(total, 3)})
+    assert instants > 100, arrivals[:5]
+    assert arrivals[-1] - arrivals[0] > 0.2
 
 
 def test_a_generation_longer_than_a_minute_is_not_cut(address, api_key, model):
     """Not streamed (nothing is sent until the answer is complete: the case a proxy timeout cuts): > 60 s, 200.
 
-    The tiny model generates fast; many parallel samples (n) of the whole context make one request last minutes.
+    The tiny model generates fast; parallel samples (n) of the whole context make one request last a minute or
+    more. How long depends on the machine: n doubles until one request lasted over 60 s (each one answered 200).
     """
     max_model_len = json.loads((ARTIFACTS / f"plan-{HOST}.json").read_text())["max_model_len"]
-    body = chat(model, max_model_len - 96, n=int(os.environ.get("GATEWAY_LONG_N", "48")))
-    start = time.monotonic()
-    status, answer = request(address, "POST", "/v1/chat/completions", api_key=api_key, body=body, timeout=900)
-    seconds = time.monotonic() - start
-    record("gateway_long_generation", {"seconds": round(seconds, 1), "status": status, "n": body["n"],
-                                       "max_tokens": body["max_tokens"]})
-    assert status == 200, answer[:300]
-    usage = json.loads(answer)["usage"]
-    assert usage["completion_tokens"] == body["n"] * body["max_tokens"]
-    assert seconds > 60, f"the generation took {seconds:.0f} s: too short to prove anything; raise GATEWAY_LONG_N"
+    n = int(os.environ.get("GATEWAY_LONG_N", "16"))
+    runs = []
+    for _ in range(3):
+        body = chat(model, max_model_len - 96, n=n)
+        start = time.monotonic()
+        status, answer = request(address, "POST", "/v1/chat/completions", api_key=api_key, body=body, timeout=900)
+        seconds = time.monotonic() - start
+        runs.append({"n": n, "max_tokens": body["max_tokens"], "seconds": round(seconds, 1), "status": status})
+        assert status == 200, answer[:300]
+        assert json.loads(answer)["usage"]["completion_tokens"] == n * body["max_tokens"]
+        if seconds > 60:
+            break
+        n *= 2
+    record("gateway_long_generation", runs)
+    assert runs[-1]["seconds"] > 60, f"no generation lasted a minute: {runs}; raise GATEWAY_LONG_N"
 
 
 def listening(host) -> list[tuple[str, int, str]]:
