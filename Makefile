@@ -29,7 +29,7 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup test-tools docker images wheelhouse oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
+.PHONY: help setup test-tools docker images wheelhouse bundle test-cuda-env oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
@@ -38,6 +38,8 @@ help:
 	@echo "make plan   size a deployment, e.g. make plan ARGS='-e vllm_node_model=kimi-k2.5-nvfp4 ...'"
 	@echo "make docs   regenerate the role READMEs' variable tables from meta/argument_specs.yml"
 	@echo "make locks  recompile the CUDA locks (one per Python the supported OSes carry) and their catalog"
+	@echo "make bundle  the offline bundle of a plan (wheels, model, apt closure, manifest), BUNDLE_ARGS='...'"
+	@echo "make test-cuda-env  opt-in: install the CUDA vLLM lock in a noble container and import it (~9 GB)"
 	@echo "make lint | unit | lock-check | integration | molecule | images | wheelhouse | oracle | setup"
 
 setup:
@@ -58,6 +60,17 @@ images: docker
 # changes).
 wheelhouse: setup
 	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
+
+# One content-addressed offline bundle for a plan (scripts/bundle.py): the lock's wheels from the wheelhouse, the
+# model at its commit (hf download from HF_ENDPOINT), the apt closure for the target OS, manifest.json. Resumable;
+# a second run downloads nothing. E.g. make bundle BUNDLE_ARGS='--hf-endpoint http://127.0.0.1:8999'.
+bundle: wheelhouse
+	$(call timed,bundle,python scripts/bundle.py build $(BUNDLE_ARGS))
+
+# Opt-in (not in make test; about 9 GB from the package index): the CUDA variant from its lock in a noble container,
+# vllm imported and its version printed without a GPU (scripts/test-cuda-env.sh).
+test-cuda-env: images wheelhouse
+	$(call timed,test-cuda-env,bash scripts/test-cuda-env.sh $(CUDA_ENV_LOCK))
 
 # ruff, mypy, shellcheck, role README tables vs argument_specs, yamllint, ansible-lint (scripts/lint.sh).
 lint: setup test-tools

@@ -80,6 +80,28 @@ def test_story_262144_bf16_is_refused_in_seconds_with_a_safe_length(tmp_path: Pa
     assert "Fixes:" in text and p["advice"]
 
 
+def test_story_262144_bf16_fits_on_two_nodes_with_tp8_pp2(tmp_path: Path) -> None:
+    """The same request over two such nodes: TP 8 inside each node, PP 2 across them, each stage its own layers."""
+    run = plan(tmp_path, *STORY, "-e", "vllm_node_node_count=2", "-e", "vllm_node_kv_cache_dtype=bfloat16",
+               "-e", "vllm_node_max_model_len=262144")
+    assert run.rc == 0, run.out
+    assert run.plan is not None
+    p, cluster = run.plan, run.plan["cluster"]
+    assert p["fits"] is True and p["max_model_len"] == 262144
+    assert (p["tensor_parallel_size"], p["pipeline_parallel_size"]) == (8, 2)
+    assert (cluster["node_count"], cluster["gpus_per_node"]) == (2, 8)
+    assert [s["layers"] for s in cluster["stages"]] == [[0, 31], [31, 61]]
+    for stage in cluster["stages"]:
+        layers = stage["layers"][1] - stage["layers"][0]
+        assert layers * 576 * 2 * 262144 < stage["kv_cache_bytes"]   # this stage's bf16 MLA KV for one request
+    assert p["kv"]["tokens"] == min(s["kv_tokens"] for s in cluster["stages"])
+    text = one_line(run.out)
+    assert "Plan fits: max-model-len 262144" in text and "TP 8 x PP 2 over 2 nodes" in text
+    assert re.search(r"stage +node +layers", text), "the per-stage table is printed"
+    assert p["environment"]["VLLM_ENGINE_READY_TIMEOUT_S"] == str(p["startup"]["engine_ready_timeout_seconds"])
+    assert p["service"]["start_timeout"] == p["startup"]["unit_start_timeout_seconds"]
+
+
 def test_story_without_max_model_len_recommends_a_safe_length(tmp_path: Path) -> None:
     run = plan(tmp_path, *STORY, "-e", "vllm_node_kv_cache_dtype=bfloat16",
                "-e", "vllm_node_gpu_memory_utilization=0.95")

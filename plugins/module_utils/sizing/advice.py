@@ -150,7 +150,9 @@ def checks(s: Sizing, len_message: str) -> list[dict[str, Any]]:
         _check("tensor_parallel_size", inputs.tensor_parallel_size, par.tp, True,
                tp_message + (f"; weights {format_bytes(s.weights)} per GPU" if s.cuda else "")),
         _check("pipeline_parallel_size", inputs.pipeline_parallel_size, par.pp, True,
-               f"{par.pp} stage(s): {', '.join(str(len(x)) for x in s.layout.stages)} layers"),
+               f"{par.pp} stage(s): {', '.join(str(len(x)) for x in s.layout.stages)} layers"
+               + (f"; over {par.nodes} nodes of {s.device.count} GPUs ({par.stages_per_node} stage(s) per node, TP "
+                  f"{par.tp} inside a node); KV bounded by stage {s.bound}" if par.nodes > 1 else "")),
         _check("decode_context_parallel_size", inputs.decode_context_parallel_size, par.dcp, True,
                "auto: 1 (DCP trades decode speed for KV room; see advice when the context does not fit)"
                if par.dcp_auto else f"DCP {par.dcp}: the KV cache of each request is split over {par.dcp} ranks"),

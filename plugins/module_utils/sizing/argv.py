@@ -49,10 +49,12 @@ def planned_args(s: Sizing, kv_cache_dtype_arg: str) -> list[str]:
 
 
 def planned_environment(s: Sizing) -> dict[str, str]:
-    """Environment the plan needs: the CPU KV space, the pipeline layer partition."""
+    """Environment the plan needs: the CPU KV space, the engine-ready timeout, the pipeline layer partition."""
     environment: dict[str, str] = {}
     if not s.cuda:
         environment["VLLM_CPU_KVCACHE_SPACE"] = str(s.device.total // GiB)
+    # The engine core's start-up allowance, from the plan's predicted load (vLLM's default is 600 s).
+    environment["VLLM_ENGINE_READY_TIMEOUT_S"] = str(dict(s.startup)["engine_ready_timeout_seconds"])
     partition = s.inputs.pp_layer_partition
     if partition:
         environment["VLLM_PP_LAYER_PARTITION"] = (partition if isinstance(partition, str)
@@ -90,8 +92,14 @@ _OWNED_FLAGS = {
 _ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
             "-dcp": "--decode-context-parallel-size"}
 _WILDCARDS = ("0.0.0.0", "::", "")
-_LOAD_BYTES_PER_SECOND = 100 * MiB     # checkpoint read + load
-_START_OVERHEAD_SECONDS = 1200         # imports, compilation, profiling: minutes on a host with few free cores
+# Environment the plan sets from a knob: an extra environment value would contradict the sizing.
+_OWNED_ENVIRONMENT = {
+    "VLLM_ENGINE_READY_TIMEOUT_S": "vllm_node_load_mib_per_second (the start-up budget) or preflight_start_timeout",
+    "VLLM_PP_LAYER_PARTITION": "vllm_node_pp_layer_partition (the stages' layers are sized)",
+}
+# Plans without a start-up budget (made by hand): the unit's start timeout from the checkpoint, as before.
+_LOAD_BYTES_PER_SECOND = 100 * MiB
+_START_OVERHEAD_SECONDS = 1200
 
 
 @dataclass(frozen=True)
@@ -161,6 +169,10 @@ def _service_environment(plan: dict[str, Any], inputs: ServiceInputs) -> dict[st
     environment = {str(k): str(v) for k, v in (plan.get("environment") or {}).items()}
     if plan.get("device") == "cpu":
         environment["VLLM_HOST_IP"] = "127.0.0.1" if inputs.listen_address in _WILDCARDS else inputs.listen_address
+    owned = sorted(set(inputs.extra_environment) & set(_OWNED_ENVIRONMENT))
+    if owned:
+        raise SizingError(f"the extra environment sets {owned[0]}, which the plan sizes; use "
+                          f"{_OWNED_ENVIRONMENT[owned[0]]} instead")
     clash = sorted(set(inputs.extra_environment) & set(environment))
     if clash:
         raise SizingError(f"the extra environment sets {', '.join(clash)}, which the plan sets "
@@ -185,6 +197,8 @@ def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, An
     argv += list(inputs.extra_args)
     if inputs.start_timeout is not None:
         timeout = inputs.start_timeout
+    elif isinstance(plan.get("startup"), dict) and plan["startup"].get("unit_start_timeout_seconds"):
+        timeout = to_int("the plan's startup.unit_start_timeout_seconds", plan["startup"]["unit_start_timeout_seconds"])
     else:
         checkpoint = to_int("the plan's checkpoint_bytes", plan.get("checkpoint_bytes", 0) or 0)
         timeout = _START_OVERHEAD_SECONDS + checkpoint // _LOAD_BYTES_PER_SECOND

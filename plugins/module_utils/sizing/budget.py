@@ -65,6 +65,8 @@ class MemoryBudget:
     weights_text: str = ""
     activation_text: str = ""
     notes: tuple[str, ...] = ()
+    stages: tuple[Budget, ...] = ()   # per pipeline stage (cuda); budget is stages[bound]
+    bound: int = 0                     # the stage with the fewest KV blocks
 
 
 @dataclass(frozen=True)
@@ -97,17 +99,51 @@ def resolve_batch(inputs: PlanInputs, device: Device, world: int) -> Batch:
     return Batch(mnbt, seqs)
 
 
+def _embedding_bytes(shape: ModelShape, checkpoint_bytes: int) -> tuple[int, int]:
+    """(input embedding, lm_head) bytes of the checkpoint, bf16 (exports keep them unquantized); at most half of
+    the checkpoint each, so a model without vocab_size / hidden_size is split by layers alone."""
+    one = min(shape.vocab_size * shape.hidden_size * 2, checkpoint_bytes // 2)
+    return one, (0 if shape.tie_word_embeddings else one)
+
+
+def weights_per_stage(shape: ModelShape, checkpoint_bytes: int, tp: int, stages: list[int],
+                      rel: Releases) -> list[tuple[int, str]]:
+    """Per pipeline stage (``stages``: layers of each), weights per GPU and how that was made.
+
+    One stage: checkpoint / TP. Several: each stage holds its own layers' share of what is not embedding
+    (vLLM's get_pp_indices split), the first the input embedding, the last the lm_head (a tied lm_head is a
+    second copy there); then / TP, + what every TP rank holds whole (per layer), + a margin.
+    """
+    num_layers = max(1, sum(stages))
+    embed, head = _embedding_bytes(shape, checkpoint_bytes) if len(stages) > 1 else (0, 0)
+    per_layer = (checkpoint_bytes - embed - head) / num_layers
+    out = []
+    for rank, layers in enumerate(stages):
+        if len(stages) == 1:
+            held = float(checkpoint_bytes)
+            text = f"{checkpoint_bytes / 1e9:.1f} GB checkpoint / (TP {tp} x PP 1)"
+        else:
+            ends = (embed if rank == 0 else 0) + ((head or embed) if rank == len(stages) - 1 else 0)
+            held = per_layer * layers + ends
+            text = (f"stage {rank}: {layers} of {num_layers} layers of the {checkpoint_bytes / 1e9:.1f} GB checkpoint"
+                    + (" + the input embedding" if rank == 0 else "")
+                    + (" + the lm_head" if rank == len(stages) - 1 else "") + f" / TP {tp}")
+        shard = held / tp
+        replicated = shape.replicated_bytes * (1 - 1 / tp) * (layers / num_layers if len(stages) > 1 else 1)
+        margin = shard * estimate(rel, "weights_margin_fraction")
+        text += f" = {format_bytes(shard)}"
+        if replicated:
+            text += (f", + {format_bytes(replicated)} of layers every TP rank holds whole (MLA q_a/kv_a projections, "
+                     "MoE router)")
+        text += f", + {estimate(rel, 'weights_margin_fraction') * 100:g} % margin"
+        out.append((int(shard + replicated + margin), text))
+    return out
+
+
 def weights_per_gpu(shape: ModelShape, checkpoint_bytes: int, tp: int, pp: int, rel: Releases) -> tuple[int, str]:
-    """Checkpoint / (TP x PP) + what every TP rank holds whole + a margin; and how that was made."""
-    shard = checkpoint_bytes / (tp * pp)
-    replicated = shape.replicated_bytes * (1 - 1 / tp) / pp
-    margin = shard * estimate(rel, "weights_margin_fraction")
-    text = f"{checkpoint_bytes / 1e9:.1f} GB checkpoint / (TP {tp} x PP {pp}) = {format_bytes(shard)}"
-    if replicated:
-        text += (f", + {format_bytes(replicated)} of layers every TP rank holds whole (MLA q_a/kv_a projections, "
-                 "MoE router)")
-    text += f", + {estimate(rel, 'weights_margin_fraction') * 100:g} % margin"
-    return int(shard + replicated + margin), text
+    """Weights on the most loaded GPU (the heaviest pipeline stage under vLLM's default split)."""
+    counts = [len(x) for x in pp_stages(shape.num_layers, pp)]
+    return max(weights_per_stage(shape, checkpoint_bytes, tp, counts, rel))
 
 
 def activation_peak(shape: ModelShape, batch: Batch, rel: Releases) -> tuple[int, str]:
@@ -183,49 +219,73 @@ def _refuse_too_small(shape: ModelShape, best: Budget, ckpt: int, par: Parallel,
         f"sizes with {count} GPU(s): {', '.join(map(str, par.valid_tp))}")
 
 
-def cuda_budget(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device: Device, par: Parallel,
-                batch: Batch, need: int) -> MemoryBudget:
-    """Per-GPU memory model and the utilization choice; SizingError when the weights cannot fit.
+def _stage_budgets(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device: Device, par: Parallel,
+                   ckpt: int, activation: int) -> list[tuple[Budget, str]]:
+    """One Budget (utilization still 0) per pipeline stage: its own weights, layers' CUDA graphs, the same
+    activation peak and driver memory; and how its weights were made."""
+    rel, version = inputs.releases, inputs.vllm_version
+    counts = [len(x) for x in pp_stages(shape.num_layers, par.pp, inputs.pp_layer_partition)]
+    spec = speculative.resolve(inputs.config, inputs.speculative_config)
+    adapters = lora.resolve(inputs.enable_lora, inputs.max_loras, inputs.max_lora_rank)
+    non_torch = int(estimate(rel, "cuda_context_gib") * GiB
+                    + (estimate(rel, "nccl_gib_if_distributed") * GiB if par.tp * par.pp > 1 else 0))
+    out = []
+    for rank, (weights, text) in enumerate(weights_per_stage(shape, ckpt, par.tp, counts, rel)):
+        if spec is not None and spec.draft_bytes and rank == par.pp - 1:
+            # The draft model runs with the target's tensor parallel size, on the last pipeline stage.
+            weights += spec.draft_bytes // par.tp
+            text += f", + {format_bytes(spec.draft_bytes // par.tp)} of {spec.method} draft weights"
+        if adapters is not None:
+            extra = lora.slot_bytes_per_gpu(inputs.config, shape, adapters, par.tp, counts[rank])
+            weights += extra
+            text += f", + {format_bytes(extra)} of LoRA slots ({adapters.max_loras} x rank {adapters.max_lora_rank})"
+        cudagraph = 0 if inputs.enforce_eager else int(
+            estimate(rel, "cudagraph_base_gib") * GiB
+            + len(layout.stages[rank]) * estimate(rel, "cudagraph_per_layer_mib") * MiB)
+        out.append((Budget(device.total, 0.0, weights, activation, cudagraph,
+                           bool(rule(rel, "cudagraph_memory_subtracted", version)), non_torch), text))
+    return out
 
-    ``need``: KV bytes (+ the null block) of the length the plan aims at, for the `auto` utilization.
+
+def bounding_stage(layout: KVLayout, available: tuple[int, ...]) -> int:
+    """The stage whose memory holds the fewest KV blocks (vLLM's engine takes the minimum over workers)."""
+    return min(layout.active_stages(), key=lambda s: (layout.stage_blocks(available, s), available[s], -s))
+
+
+def cuda_budget(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device: Device, par: Parallel,
+                batch: Batch, needs: list[int]) -> MemoryBudget:
+    """Per-GPU memory model per pipeline stage and the one utilization choice; SizingError when the weights
+    cannot fit. ``budget`` is the bounding stage's (the fewest KV blocks).
+
+    ``needs``: per stage, KV bytes (+ the null block) of the length the plan aims at, for the `auto` utilization.
     """
     rel, version = inputs.releases, inputs.vllm_version
     ckpt = _checkpoint_bytes(inputs.checkpoint_bytes)
-    weights, weights_text = weights_per_gpu(shape, ckpt, par.tp, par.pp, rel)
-    spec = speculative.resolve(inputs.config, inputs.speculative_config)
-    if spec is not None and spec.draft_bytes:
-        # The draft model runs with the target's tensor parallel size, on the last pipeline stage.
-        weights += spec.draft_bytes // par.tp
-        weights_text += f", + {format_bytes(spec.draft_bytes // par.tp)} of {spec.method} draft weights"
-    adapters = lora.resolve(inputs.enable_lora, inputs.max_loras, inputs.max_lora_rank)
-    if adapters is not None:
-        stage_layers = max(len(s) for s in pp_stages(shape.num_layers, par.pp, inputs.pp_layer_partition))
-        extra = lora.slot_bytes_per_gpu(inputs.config, shape, adapters, par.tp, stage_layers)
-        weights += extra
-        weights_text += (f", + {format_bytes(extra)} of LoRA slots ({adapters.max_loras} x rank "
-                         f"{adapters.max_lora_rank})")
     activation, activation_text = activation_peak(shape, batch, rel)
-    layers_per_stage = max(len(s) for s in layout.stages)
-    cudagraph = 0 if inputs.enforce_eager else int(estimate(rel, "cudagraph_base_gib") * GiB
-                                                   + layers_per_stage * estimate(rel, "cudagraph_per_layer_mib") * MiB)
-    non_torch = int(estimate(rel, "cuda_context_gib") * GiB
-                    + (estimate(rel, "nccl_gib_if_distributed") * GiB if par.tp * par.pp > 1 else 0))
-    base = Budget(device.total, 0.0, weights, activation, cudagraph,
-                  bool(rule(rel, "cudagraph_memory_subtracted", version)), non_torch)
+    bases = _stage_budgets(inputs, shape, layout, device, par, ckpt, activation)
     default_util = float(rule(rel, "gpu_memory_utilization_default", version))
     max_util = max(default_util, estimate(rel, "max_auto_gpu_memory_utilization"))
     util_auto = is_auto(inputs.gpu_memory_utilization)
-    util = _auto_util(base, default_util, max_util, need) if util_auto \
-        else _explicit_util(inputs.gpu_memory_utilization, default_util, version)
-    _refuse_too_small(shape, replace(base, util=max(util, max_util)), ckpt, par, device.count, rel, weights_text)
-    return MemoryBudget(replace(base, util=util), util, util_auto, default_util, max_util,
-                        weights_text, activation_text)
+    # One --gpu-memory-utilization for every rank: the highest any stage needs.
+    util = max(_auto_util(base, default_util, max_util, need) for (base, _), need in zip(bases, needs, strict=True)) \
+        if util_auto else _explicit_util(inputs.gpu_memory_utilization, default_util, version)
+    for base, text in sorted(bases, key=lambda b: -b[0].fixed):
+        _refuse_too_small(shape, replace(base, util=max(util, max_util)), ckpt, par, device.count, rel, text)
+    stages = tuple(replace(base, util=util) for base, _ in bases)
+    bound = bounding_stage(layout, tuple(b.kv for b in stages))
+    return MemoryBudget(stages[bound], util, util_auto, default_util, max_util,
+                        bases[bound][1], activation_text, stages=stages, bound=bound)
 
 
-def cpu_budget(inputs: PlanInputs, device: Device, par: Parallel) -> tuple[MemoryBudget, int]:
-    """On cpu the KV space is fixed (VLLM_CPU_KVCACHE_SPACE); (budget, weights per rank for the report)."""
-    weights = (to_int("checkpoint_bytes", inputs.checkpoint_bytes) // (par.tp * par.pp)) \
-        if inputs.checkpoint_bytes else 0
+def cpu_budget(inputs: PlanInputs, shape: ModelShape, device: Device, par: Parallel) -> tuple[MemoryBudget, list[int]]:
+    """On cpu the KV space is fixed (VLLM_CPU_KVCACHE_SPACE); (budget, weights per rank of each stage, for the
+    report)."""
+    ckpt = to_int("checkpoint_bytes", inputs.checkpoint_bytes) if inputs.checkpoint_bytes else 0
+    if par.pp == 1 or not ckpt:
+        weights = [ckpt // par.tp]
+    else:
+        counts = [len(x) for x in pp_stages(shape.num_layers, par.pp, inputs.pp_layer_partition)]
+        weights = [w for w, _ in weights_per_stage(shape, ckpt, par.tp, counts, inputs.releases)]
     util = float(rule(inputs.releases, "gpu_memory_utilization_default", inputs.vllm_version))
     note = (f"cpu: the KV cache is exactly VLLM_CPU_KVCACHE_SPACE = {device.total // GiB} GiB per rank; "
             "weights and activations live in system RAM and are not budgeted here")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .budget import Batch, MemoryBudget
 from .inputs import Device, PlanInputs
@@ -34,6 +35,10 @@ class Sizing:
     chosen_len: int
     safe: int                    # largest length whose one request fits (0: none)
     notes: tuple[str, ...]
+    stage_weights: tuple[int, ...] = ()     # weights per GPU of each pipeline stage
+    stage_available: tuple[int, ...] = ()   # KV bytes per GPU of each pipeline stage (available is the bound's)
+    bound: int = 0                          # the stage with the fewest KV blocks (vLLM takes the min over ranks)
+    startup: tuple[tuple[str, Any], ...] = ()   # the start-up budget (startup.startup_budget), as items
 
     @property
     def cuda(self) -> bool:
@@ -52,14 +57,19 @@ class Sizing:
         return self.layout.needed_bytes(self.chosen_len) if self.chosen_len > 0 else 0
 
     @property
+    def per_stage(self) -> tuple[int, ...] | int:
+        """KV bytes per stage for the layout's maths (one number when there is no per-stage split)."""
+        return self.stage_available if self.stage_available else self.available
+
+    @property
     def sized(self) -> bool:
         """KV memory and a length to size a pool for."""
         return self.available > 0 and self.chosen_len > 0
 
     @property
     def tokens(self) -> int:
-        return self.layout.tokens(self.available, self.chosen_len, self.formula) if self.sized else 0
+        return self.layout.tokens(self.per_stage, self.chosen_len, self.formula) if self.sized else 0
 
     @property
     def concurrency(self) -> float:
-        return self.layout.max_concurrency(self.available, self.chosen_len) if self.sized else 0.0
+        return self.layout.max_concurrency(self.per_stage, self.chosen_len) if self.sized else 0.0

@@ -42,6 +42,8 @@ class PlanInputs:
     max_loras: Any = None                  # --max-loras (vLLM default 1)
     max_lora_rank: Any = None              # --max-lora-rank (vLLM default 16)
     pp_layer_partition: Any = None
+    node_count: Any = 1                    # nodes one replica spans (gpu_count is per node); PP across them
+    load_mib_per_second: Any = None        # weights one GPU loads per second (start-up budget); None: 138
     enforce_eager: bool = False
     model_key: str = ""
     repo: str = ""

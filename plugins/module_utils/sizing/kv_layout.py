@@ -18,6 +18,9 @@ from .parallel import kv_heads_per_rank, validate_parallel
 from .units import cdiv, is_auto, to_int
 from .versions import Releases, releases_data, rule
 
+# KV bytes per rank: one number for every stage, or one per pipeline stage (stages differ in weights and layers).
+Available = int | tuple[int, ...]
+
 DEFAULT_BATCHED_TOKENS = 8192   # tokens per step when not given: conservative for sliding / chunked layers
 
 
@@ -102,34 +105,40 @@ class KVLayout:
                 hi = mid - 1
         return result
 
-    def estimate_max_model_len(self, available_bytes: int, upper: int, stage: int | None = None) -> int:
+    def estimate_max_model_len(self, available_bytes: Available, upper: int, stage: int | None = None) -> int:
         """Binary search like _estimate_max_model_len_from_groups, after holding back the null block.
 
-        Returns 0 when not even one token fits. Min over stages (every stage must fit).
+        Returns 0 when not even one token fits. Min over stages (every stage must fit; each with its own memory
+        when ``available_bytes`` is a tuple per stage, as vLLM's auto-fit takes the min over workers).
         """
         stages = [stage] if stage is not None else self.active_stages()
         best = upper
         for s in stages:
             per_block = self.bytes_per_block(s)
-            usable = available_bytes - per_block          # the null block BlockPool keeps forever
+            usable = stage_bytes(available_bytes, s) - per_block   # the null block BlockPool keeps forever
             if usable <= 0 or per_block * self.blocks_per_request(1) > usable:
                 return 0
             best = min(best, self._search(per_block, usable, upper))
         return best
 
-    def num_blocks(self, available_bytes: int) -> int:
-        """Pool blocks: available // bytes_per_block on each rank, then the minimum over ranks."""
-        return min(available_bytes // self.bytes_per_block(s) for s in self.active_stages())
+    def stage_blocks(self, available_bytes: Available, stage: int) -> int:
+        """Pool blocks one stage's memory would hold on its own."""
+        return stage_bytes(available_bytes, stage) // self.bytes_per_block(stage)
 
-    def tokens(self, available_bytes: int, max_model_len: int, formula: str = "concurrency") -> int:
-        """vLLM's "KV cache size: N tokens"."""
-        blocks = self.num_blocks(available_bytes)
+    def num_blocks(self, available_bytes: Available) -> int:
+        """Pool blocks: available // bytes_per_block on each rank, then the minimum over ranks."""
+        return min(self.stage_blocks(available_bytes, s) for s in self.active_stages())
+
+    def tokens(self, available_bytes: Available, max_model_len: int, formula: str = "concurrency",
+               stage: int | None = None) -> int:
+        """vLLM's "KV cache size: N tokens" (``stage``: what that stage's memory alone would hold)."""
+        blocks = self.num_blocks(available_bytes) if stage is None else self.stage_blocks(available_bytes, stage)
         if formula == "per_group_blocks":   # <= 0.20
             return blocks // len(self.groups) * min(self.specs[g[0]].block_size for g in self.groups
                                                     if self.specs[g[0]].block_size > 0)
-        return int(self.max_concurrency(available_bytes, max_model_len) * max_model_len)
+        return int(blocks / self.blocks_per_request(max_model_len) * max_model_len)
 
-    def max_concurrency(self, available_bytes: int, max_model_len: int,
+    def max_concurrency(self, available_bytes: Available, max_model_len: int,
                         formula: str = "blocks_per_request") -> float:
         """Requests of max_model_len tokens the pool holds at once (unrounded).
 
@@ -153,15 +162,29 @@ class KVLayout:
         return best
 
 
+def stage_bytes(available_bytes: Available, stage: int) -> int:
+    """One stage's KV bytes from a per-stage tuple, or the single number every stage shares."""
+    return available_bytes[stage] if isinstance(available_bytes, tuple) else available_bytes
+
+
 def pp_stages(num_layers: int, pp: int, partition: Any = None) -> tuple[tuple[int, ...], ...]:
     """Layers per pipeline stage: VLLM_PP_LAYER_PARTITION if given, else vLLM's get_pp_indices rule."""
     if partition:
-        counts = [int(x) for x in (partition.split(",") if isinstance(partition, str) else partition)]
+        try:
+            counts = [int(x) for x in (partition.split(",") if isinstance(partition, str) else partition)]
+        except (TypeError, ValueError):
+            raise SizingError(f"pp_layer_partition {partition!r} must be layer counts per stage, "
+                              "e.g. '31,30'") from None
         if len(counts) != pp:
             raise SizingError(f"pp_layer_partition has {len(counts)} entries but pipeline_parallel_size is {pp}")
         if sum(counts) != num_layers:
             raise SizingError(f"pp_layer_partition sums to {sum(counts)} layers; the model has {num_layers}")
+        if min(counts) < 1:
+            raise SizingError(f"pp_layer_partition {','.join(map(str, counts))} gives a pipeline stage no layers; "
+                              "every stage needs at least one")
     else:
+        if num_layers < pp:
+            raise SizingError(f"{pp} pipeline stages need at least {pp} layers; the model has {num_layers}")
         counts = [num_layers // pp] * pp
         # Leftover layers go to the partitions before the last one (vLLM balances embeddings / lm_head).
         for i in range(2, num_layers % pp + 2):

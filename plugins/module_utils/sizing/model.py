@@ -60,6 +60,7 @@ class ModelShape:
     # Per-layer (head_dim, KV heads) where a layer type has its own geometry (Gemma 4 full-attention layers:
     # global_head_dim / num_global_key_value_heads); empty = head_dim / num_kv_heads on every layer.
     layer_heads: tuple[tuple[int, int], ...] = ()
+    tie_word_embeddings: bool = False   # lm_head shares the input embedding's weights (one copy, on stage 0)
 
     def heads_of(self, layer: int) -> tuple[int, int]:
         """(head_dim, KV heads) of one attention layer."""
@@ -317,4 +318,5 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
         vocab_size=int(tc.get("vocab_size") or 0), top_k=top_k, has_vision=_has_vision(config),
         replicated_bytes=_replicated_bytes(tc, num_layers, mla, mla_dim),
         gdn=_gdn_state(tc) if "gdn" in kinds else {}, kda=_kda_state(tc) if "kda" in kinds else {},
-        model_type=str(tc.get("model_type") or ""), indexer_bytes=indexer, layer_heads=heads)
+        model_type=str(tc.get("model_type") or ""), indexer_bytes=indexer, layer_heads=heads,
+        tie_word_embeddings=bool(tc.get("tie_word_embeddings", False)))

@@ -73,7 +73,7 @@ def validate_parallel(shape: ModelShape, tp: int, dcp: int, max_tp: int | None =
 
 @dataclass(frozen=True)
 class Parallel:
-    """The resolved parallelism of a plan."""
+    """The resolved parallelism of a plan (one replica over `nodes` nodes of `count` GPUs each)."""
 
     tp: int
     pp: int
@@ -81,15 +81,53 @@ class Parallel:
     valid_tp: tuple[int, ...]
     tp_auto: bool
     dcp_auto: bool
+    nodes: int = 1
+
+    @property
+    def stages_per_node(self) -> int:
+        """Pipeline stages each node holds (whole stages: TP never crosses a node)."""
+        return self.pp // self.nodes
+
+
+def _cluster_pp(nodes: int, count: int, pipeline_parallel_size: Any, num_layers: int) -> int:
+    """PP across nodes: 1 (the knob's default) or auto = one stage per node; else a multiple of node_count."""
+    if is_auto(pipeline_parallel_size) or to_int("pipeline_parallel_size", pipeline_parallel_size) == 1:
+        pp = nodes
+    else:
+        pp = to_int("pipeline_parallel_size", pipeline_parallel_size)
+        if pp < 1 or pp % nodes:
+            raise SizingError(
+                f"pipeline_parallel_size {pp} does not spread over {nodes} nodes: each node must hold whole "
+                f"pipeline stages (tensor parallelism stays inside a node), so use a multiple of node_count "
+                f"({', '.join(str(nodes * k) for k in range(1, 4))}) or leave it at 1 for one stage per node")
+        if pp > nodes * count:
+            raise SizingError(f"pipeline_parallel_size {pp} needs {pp} GPUs; {nodes} nodes x {count} GPUs have "
+                              f"{nodes * count}")
+    if num_layers < pp:
+        raise SizingError(f"{pp} pipeline stages need at least {pp} layers; the model has {num_layers}: use "
+                          f"fewer nodes (node_count <= {num_layers})")
+    return pp
 
 
 def resolve_parallel(shape: ModelShape, count: int, tensor_parallel_size: Any, pipeline_parallel_size: Any,
-                     decode_context_parallel_size: Any) -> Parallel:
-    """TP, PP and DCP validated, 'auto' resolved by the documented policies."""
-    pp = 1 if is_auto(pipeline_parallel_size) else to_int("pipeline_parallel_size", pipeline_parallel_size)
-    if pp < 1 or pp > count:
-        raise SizingError(f"pipeline_parallel_size {pp} needs {pp} GPUs; gpu_count is {count}")
-    valid_tp = valid_tensor_parallel_sizes(shape, count // pp)
+                     decode_context_parallel_size: Any, node_count: Any = 1) -> Parallel:
+    """TP, PP and DCP validated, 'auto' resolved by the documented policies.
+
+    ``count`` is GPUs per node. With node_count N > 1 one replica spans the nodes: PP across them (N stages by
+    default), TP inside a node (at most count / stages per node), as vLLM's mp multi-node runtime places ranks
+    (TP innermost, so a node's ranks are whole TP groups).
+    """
+    nodes = to_int("node_count", node_count)
+    if nodes < 1:
+        raise SizingError(f"node_count must be >= 1 (nodes one replica spans), got {nodes}")
+    if nodes == 1:
+        pp = 1 if is_auto(pipeline_parallel_size) else to_int("pipeline_parallel_size", pipeline_parallel_size)
+        if pp < 1 or pp > count:
+            raise SizingError(f"pipeline_parallel_size {pp} needs {pp} GPUs; gpu_count is {count}")
+    else:
+        pp = _cluster_pp(nodes, count, pipeline_parallel_size, shape.num_layers)
+    per_stage = count // (pp // nodes)
+    valid_tp = valid_tensor_parallel_sizes(shape, per_stage)
     if not valid_tp:
         raise SizingError(f"no tensor parallel size fits {count} GPU(s) with PP {pp}")
     tp_auto = is_auto(tensor_parallel_size)
@@ -99,11 +137,16 @@ def resolve_parallel(shape: ModelShape, count: int, tensor_parallel_size: Any, p
         tp = max(valid_tp)
     else:
         tp = to_int("tensor_parallel_size", tensor_parallel_size)
-        validate_parallel(shape, tp, 1, max_tp=count // pp)
-        if tp * pp > count:
+        validate_parallel(shape, tp, 1, max_tp=per_stage)
+        if nodes > 1 and tp > per_stage:
+            raise SizingError(
+                f"tensor_parallel_size {tp} does not fit inside one node: {count} GPUs per node hold "
+                f"{pp // nodes} pipeline stage(s) of TP <= {per_stage}, and tensor parallelism never spans nodes "
+                f"(its all-reduce runs every layer). Valid TP sizes here: {', '.join(map(str, valid_tp))}")
+        if tp * pp > count * nodes:
             raise SizingError(f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} needs {tp * pp} GPUs; "
                               f"gpu_count is {count}. Valid TP sizes here: {', '.join(map(str, valid_tp))}")
     dcp_auto = is_auto(decode_context_parallel_size)
     dcp = 1 if dcp_auto else to_int("decode_context_parallel_size", decode_context_parallel_size)
     validate_parallel(shape, tp, dcp)
-    return Parallel(tp, pp, dcp, tuple(valid_tp), tp_auto, dcp_auto)
+    return Parallel(tp, pp, dcp, tuple(valid_tp), tp_auto, dcp_auto, nodes)

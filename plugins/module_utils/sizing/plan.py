@@ -7,14 +7,15 @@ from typing import Any
 from . import lora, speculative
 from .advice import checks, fit_options, headroom_advice, length_message, reasons
 from .argv import planned_args, planned_environment
-from .budget import cpu_budget, cuda_budget, resolve_batch
+from .budget import bounding_stage, cpu_budget, cuda_budget, resolve_batch
 from .context import Sizing
 from .inputs import PlanInputs, resolve_device
 from .kv_dtype import choose_kv_dtype, kv_dtype_arg
-from .kv_layout import LayoutInputs, build_layout
+from .kv_layout import LayoutInputs, build_layout, pp_stages
 from .model import model_shape, require_max_len
 from .parallel import resolve_parallel
-from .units import is_auto, to_int
+from .startup import startup_budget
+from .units import GiB, is_auto, to_int
 from .versions import rule, version_tuple
 
 
@@ -55,7 +56,7 @@ def size(inputs: PlanInputs) -> Sizing:
     notes = _version_notes(inputs)
     device = resolve_device(inputs)
     par = resolve_parallel(shape, device.count, inputs.tensor_parallel_size, inputs.pipeline_parallel_size,
-                           inputs.decode_context_parallel_size)
+                           inputs.decode_context_parallel_size, inputs.node_count)
     kv = choose_kv_dtype(inputs, shape, device)
     batch = resolve_batch(inputs, device, par.tp * par.pp)
     layout_inputs = LayoutInputs(
@@ -72,17 +73,31 @@ def size(inputs: PlanInputs) -> Sizing:
     target_len = min(requested or model_max, model_max) if requested else model_max
     per_block = layout.worst_block_bytes()
     if device.kind == "cuda":
-        memory = cuda_budget(inputs, shape, layout, device, par, batch, layout.needed_bytes(target_len) + per_block)
+        needs = [layout.needed_bytes(target_len, st) + layout.bytes_per_block(st) if st in layout.active_stages()
+                 else 0 for st in range(par.pp)]
+        if par.pp == 1:   # one stage: the null block of the most loaded stage, as always
+            needs = [layout.needed_bytes(target_len) + per_block]
+        memory = cuda_budget(inputs, shape, layout, device, par, batch, needs)
         assert memory.budget is not None
         weights, available = memory.budget.weights, memory.budget.kv
+        stage_weights = tuple(b.weights for b in memory.stages)
+        stage_available = tuple(b.kv for b in memory.stages)
+        bound = memory.bound
     else:
-        memory, weights = cpu_budget(inputs, device, par)
+        memory, cpu_weights = cpu_budget(inputs, shape, device, par)
         available = device.total
+        stage_weights = tuple(cpu_weights) if len(cpu_weights) == par.pp else tuple(cpu_weights * par.pp)
+        stage_available = (available,) * par.pp
+        bound = bounding_stage(layout, stage_available)
+        weights = stage_weights[bound]
     notes.extend(memory.notes)
-    safe = layout.estimate_max_model_len(available, model_max) if available > 0 else 0
+    safe = layout.estimate_max_model_len(stage_available, model_max) if available > 0 else 0
     chosen, length_notes = _chosen_length(inputs, requested, safe, model_max, layout.block_size, device.kind == "cuda")
+    # The start-up budget follows the heaviest stage: every rank loads at once, the slowest decides.
+    startup = startup_budget(max(stage_weights), device.kind, inputs.load_mib_per_second)
     return Sizing(inputs, shape, model_max, device, par, kv, batch, layout_inputs, layout, memory, weights,
-                  available, per_block, formula, requested, chosen, safe, tuple(notes + length_notes))
+                  available, per_block, formula, requested, chosen, safe, tuple(notes + length_notes),
+                  stage_weights, stage_available, bound, tuple(startup.items()))
 
 
 def plan(inputs: PlanInputs) -> dict[str, Any]:
@@ -108,6 +123,26 @@ def plan(inputs: PlanInputs) -> dict[str, Any]:
                      planned_args(s, kv_arg), planned_environment(s))
 
 
+def _cluster(s: Sizing) -> dict[str, Any]:
+    """plan.cluster: one replica over node_count x gpus_per_node GPUs, each pipeline stage with its own layers,
+    weights and KV (kv_tokens: what that stage's memory alone would hold; the plan's kv.tokens is the minimum,
+    vLLM's figure). Present for one node too (one stage unless PP is set)."""
+    layers = pp_stages(s.shape.num_layers, s.par.pp, s.inputs.pp_layer_partition)
+    stages = []
+    for rank, stage_layers in enumerate(layers):
+        available = max(s.stage_available[rank], 0) if s.stage_available else max(s.available, 0)
+        tokens = s.layout.tokens(s.per_stage, s.chosen_len, s.formula, stage=rank) \
+            if s.sized and rank in s.layout.active_stages() and available > 0 else 0
+        weights = s.stage_weights[rank] if s.stage_weights else s.weights
+        stages.append({"rank": rank, "node": rank // s.par.stages_per_node,
+                       "layers": [stage_layers[0], stage_layers[-1] + 1],
+                       "weights_gib": round(weights / GiB, 2), "kv_cache_gib": round(available / GiB, 2),
+                       "kv_tokens": int(tokens), "weights_bytes": int(weights), "kv_cache_bytes": int(available)})
+    return {"node_count": s.par.nodes, "gpus_per_node": s.device.count, "tensor_parallel_size": s.par.tp,
+            "pipeline_parallel_size": s.par.pp, "stages_per_node": s.par.stages_per_node,
+            "kv_bound_stage": s.bound, "stages": stages}
+
+
 def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_reasons: list[str],
               advice: list[str], notes: list[str], args: list[str], environment: dict[str, str]) -> dict[str, Any]:
     """The plan as JSON-serialisable data (the house-rules plan contract)."""
@@ -126,7 +161,7 @@ def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_rea
     kv = {"bytes_per_token": layout.bytes_per_token, "block_size": layout.block_size,
           "needed_bytes": int(s.needed), "available_bytes": int(max(s.available, 0)), "tokens": int(s.tokens),
           "max_concurrency": round(s.concurrency, 4),
-          "num_blocks": int(layout.num_blocks(s.available)) if s.available > 0 else 0,
+          "num_blocks": int(layout.num_blocks(s.per_stage)) if s.available > 0 else 0,
           "bytes_per_block": int(s.per_block), "backend": layout.backend.name, "groups": len(layout.groups),
           "max_num_batched_tokens": s.batch.max_num_batched_tokens}
     document = {
@@ -144,6 +179,7 @@ def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_rea
         "model_max_model_len": int(s.model_max), "safe_max_model_len": int(min(s.safe, s.model_max)),
         "vllm_args": args, "environment": environment, "per_gpu": per_gpu, "kv": kv,
         "checks": plan_checks, "reasons": plan_reasons, "advice": advice, "notes": notes,
+        "cluster": _cluster(s), "startup": dict(s.startup),
     }
     adapters = lora.resolve(inputs.enable_lora, inputs.max_loras, inputs.max_lora_rank)
     if adapters is not None:   # only when asked, like speculative_config

@@ -37,8 +37,10 @@ def test_cpu_demo_command_is_the_one_the_unit_ran(cpu_plan: dict[str, Any]) -> N
     assert service["argv"] == [
         "--model", "/srv/vllm/models/vllm-node-test/tiny-llama", "--served-model-name", "vllm-node-test/tiny-llama",
         "--host", "0.0.0.0", "--port", "8000", *cpu_plan["vllm_args"], "--enforce-eager"]
-    assert service["environment"] == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1"}
-    assert service["start_timeout"] == 1200     # 819,840 bytes load in well under a second
+    assert service["environment"] == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENGINE_READY_TIMEOUT_S": "600",
+                                      "VLLM_HOST_IP": "127.0.0.1"}
+    # 819,840 bytes load in well under a second: vLLM's own 600 s for the engine, + 600 s of API-server imports.
+    assert service["start_timeout"] == cpu_plan["startup"]["unit_start_timeout_seconds"] == 1200
     assert set(service) == {"argv", "environment", "start_timeout", "fingerprint", "listen_address", "port"}
     assert (service["listen_address"], service["port"]) == ("0.0.0.0", 8000)
 
@@ -59,9 +61,13 @@ def test_story_command_carries_the_catalog_serving_block(story_plan: dict[str, A
     assert argv[-9:] == ["--trust-remote-code", "--reasoning-parser", "kimi_k2", "--tool-call-parser", "kimi_k2",
                          "--enable-auto-tool-choice", "--mm-encoder-tp-mode", "data", "--enable-prefix-caching"]
     assert "--enforce-eager" not in argv
-    assert service["environment"] == {"NCCL_DEBUG": "WARN"}
-    # From the checkpoint the plan carries: 1200 s + 591 GB at 100 MiB/s.
-    assert service["start_timeout"] == 1200 + 591_000_000_000 // (100 * MiB)
+    startup = story_plan["startup"]
+    assert service["environment"] == {"NCCL_DEBUG": "WARN",
+                                      "VLLM_ENGINE_READY_TIMEOUT_S": str(startup["engine_ready_timeout_seconds"])}
+    # From the plan's start-up budget: the heaviest GPU's weights at 138 MiB/s, + 300 s, x 2, + 600 s.
+    load = -(-story_plan["per_gpu"]["weights_bytes"] // (138 * MiB))
+    assert startup["predicted_load_seconds"] == load
+    assert service["start_timeout"] == startup["unit_start_timeout_seconds"] == 2 * (load + 300) + 600
 
 
 def test_a_tool_parser_turns_on_auto_tool_choice_once(story_plan: dict[str, Any]) -> None:
@@ -70,10 +76,21 @@ def test_a_tool_parser_turns_on_auto_tool_choice_once(story_plan: dict[str, Any]
     assert argv.count("--enable-auto-tool-choice") == 1
 
 
-def test_the_start_timeout_follows_the_plans_checkpoint_or_the_override(story_plan: dict[str, Any]) -> None:
-    small = sizing.service(dict(story_plan, checkpoint_bytes=100 * MiB * 60), model_dir="/m")
-    assert small["start_timeout"] == 1260
+def test_the_start_timeout_follows_the_plans_startup_or_the_override(story_plan: dict[str, Any]) -> None:
+    startup = dict(story_plan["startup"], unit_start_timeout_seconds=4321)
+    assert sizing.service(dict(story_plan, startup=startup), model_dir="/m")["start_timeout"] == 4321
     assert sizing.service(story_plan, model_dir="/m", start_timeout="900")["start_timeout"] == 900
+    # A plan made without a start-up budget (by hand): from its checkpoint, 1200 s + 1 s per 100 MiB.
+    bare = {k: v for k, v in story_plan.items() if k != "startup"}
+    assert sizing.service(dict(bare, checkpoint_bytes=100 * MiB * 60), model_dir="/m")["start_timeout"] == 1260
+
+
+@pytest.mark.parametrize(("name", "knob"), [("VLLM_ENGINE_READY_TIMEOUT_S", "vllm_node_load_mib_per_second"),
+                                            ("VLLM_PP_LAYER_PARTITION", "vllm_node_pp_layer_partition")])
+def test_an_extra_environment_the_plan_sizes_is_refused_naming_the_knob(story_plan: dict[str, Any], name: str,
+                                                                        knob: str) -> None:
+    with pytest.raises(sizing.SizingError, match=f"sets {name}, which the plan sizes; use {knob}"):
+        sizing.service(story_plan, model_dir="/m", extra_environment={name: "1"})
 
 
 def test_the_fingerprint_is_stable_and_covers_argv_environment_and_timeout(cpu_plan: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ def test_cpu_plans_match_the_logged_token_counts():
         assert plan["fits"] and plan["device"] == "cpu"
         assert plan["kv"]["tokens"] == tokens
         assert plan["max_model_len"] == 4096
-        assert plan["environment"] == {"VLLM_CPU_KVCACHE_SPACE": "1"}
+        assert plan["environment"] == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENGINE_READY_TIMEOUT_S": "600"}
         assert "--gpu-memory-utilization" not in plan["vllm_args"]
 
 

@@ -1,0 +1,327 @@
+#!/usr/bin/env python3
+"""make bundle: one content-addressed offline bundle for a deployment plan, built on a connected controller.
+
+    python scripts/bundle.py build [--lock LOCK] [--repo ORG/NAME --revision REV --hf-endpoint URL]
+                                   [--apt-image IMAGE --apt-packages P,Q] [--wheelhouse DIR] [--out DIR]
+    python scripts/bundle.py verify BUNDLE_DIR
+
+The plan is what the node needs: the pinned lock (its sha256), the model repo at its resolved commit, the target OS
+(a base image of it) and the apt packages the roles install there. Its canonical JSON's sha256 (the plan hash) names
+the bundle directory OUT/<plan hash[:16]>/:
+
+    plan.json                      the plan
+    requirements.txt               the lock, byte for byte
+    wheels/*.whl                   exactly the lock's wheels (+ the uv wheel vllm_env installs), hard-linked from the
+                                   run's wheelhouse (make wheelhouse) and checked against the lock's hashes
+    model/<org>/<name>/<commit>/   `hf download --revision <commit>` from the configured endpoint, with SHA256SUMS
+    apt/                           the packages' closure missing from a clean container of the target OS
+                                   (`apt-get install --download-only`), a flat repository: Packages, Release
+    manifest.json                  every file above with its sha256 and size, and the plan hash; written last
+
+manifest.json's own sha256 is the bundle id. The apt index is NOT signed (no key is managed here): the node reads
+it with [trusted=yes] only after every file, Packages and the .debs included, matched manifest.json.
+Resumable: each part is skipped when its files are present and match (wheels: the lock's hashes; model: its
+SHA256SUMS; apt: its Packages); a second build downloads nothing and says so ("downloaded 0 files").
+`verify` checks every file of a bundle against manifest.json and names each one that differs, is missing or is
+not listed (exit 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import email.utils
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from vllm_locks import parse_lock
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_LOCK = ROOT / "roles" / "vllm_env" / "files" / "requirements" / "vllm-0.32.0-cpu.txt"
+DEFAULT_WHEELHOUSE = ROOT / ".cache" / "wheelhouse" / "vllm-cpu"
+DEFAULT_OUT = ROOT / ".cache" / "bundle"
+# What the roles install with apt on a cpu node (vllm_env: base + cpu variant packages); the driver role's
+# packages come from the NVIDIA repository, which this builder does not mirror (see --apt-packages).
+DEFAULT_APT_PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev")
+MANIFEST = "manifest.json"
+COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def plan_hash(plan: dict[str, Any]) -> str:
+    """The sha256 of the plan's canonical JSON (sorted keys, no spaces): the same plan always names the same bundle."""
+    return hashlib.sha256(json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def manifest_for(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
+    """The manifest of every regular file under `root` (manifest.json aside): relative path -> sha256 and size."""
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    return {"format": 1, "plan_sha256": plan_hash(plan), "plan": plan, "files": files}
+
+
+def verify_bundle(root: Path, manifest: dict[str, Any]) -> list[str]:
+    """Every difference between the files under `root` and the manifest, one sentence each naming the file."""
+    problems = []
+    listed: dict[str, dict[str, Any]] = manifest.get("files", {})
+    for rel, entry in sorted(listed.items()):
+        path = root / rel
+        if rel.startswith("/") or ".." in Path(rel).parts:
+            problems.append(f"{rel}: outside the bundle")
+        elif not path.is_file():
+            problems.append(f"{rel}: missing")
+        elif path.stat().st_size != entry["size"]:
+            problems.append(f"{rel}: {path.stat().st_size} bytes, the manifest says {entry['size']}")
+        elif (actual := sha256_file(path)) != entry["sha256"]:
+            problems.append(f"{rel}: sha256 {actual}, the manifest says {entry['sha256']}")
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
+        if path.relative_to(root).as_posix() not in listed:
+            problems.append(f"{path.relative_to(root).as_posix()}: not in the manifest")
+    if manifest.get("plan_sha256") != plan_hash(manifest.get("plan", {})):
+        problems.append(f"{MANIFEST}: plan_sha256 does not match its plan")
+    return problems
+
+
+def lock_wheel_hashes(lock_text: str) -> dict[str, set[str]]:
+    """Canonical distribution name -> the sha256 hashes its pin allows."""
+    return {name: set(pin.hashes) for name, pin in parse_lock(lock_text).items()}
+
+
+def wheel_name(filename: str) -> str:
+    """The canonical distribution name of a wheel file name (PEP 427/503)."""
+    return re.sub(r"[-_.]+", "-", filename.split("-", 1)[0]).lower()
+
+
+def select_wheels(candidates: Iterable[Path], lock_text: str,
+                  digest: Any = sha256_file) -> tuple[dict[str, Path], list[str]]:
+    """For each pin of the lock, the candidate wheel whose sha256 the lock lists; and the pins none matches."""
+    wanted = lock_wheel_hashes(lock_text)
+    chosen: dict[str, Path] = {}
+    for path in sorted(candidates):
+        name = wheel_name(path.name)
+        if name in wanted and name not in chosen and digest(path) in wanted[name]:
+            chosen[name] = path
+    return chosen, sorted(set(wanted) - set(chosen))
+
+
+def link_or_copy(src: Path, dest: Path) -> None:
+    """Hard-link `src` to `dest` (same file system: no second copy), else copy it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    tmp.replace(dest)
+
+
+def build_wheels(bundle: Path, lock: Path, wheelhouse: Path, uv_version: str) -> int:
+    """wheels/ = exactly the lock's wheels and the uv wheel, from the wheelhouse; returns the files linked now."""
+    text = lock.read_text()
+    chosen, missing = select_wheels(wheelhouse.glob("*.whl"), text)
+    if missing:
+        raise SystemExit(f"bundle: the wheelhouse {wheelhouse} lacks a wheel with the lock's hash for {missing}; "
+                         f"run make wheelhouse (it downloads every pin of {lock.name})")
+    uv = sorted(wheelhouse.glob(f"uv-{uv_version}-*.whl"))
+    if not uv:
+        raise SystemExit(f"bundle: no uv {uv_version} wheel in {wheelhouse}; run make wheelhouse")
+    want = {p.name: p for p in [*chosen.values(), uv[0]]}
+    out = bundle / "wheels"
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.iterdir():
+        if stale.name not in want:
+            stale.unlink()
+    linked = 0
+    for name, src in want.items():
+        dest = out / name
+        if not dest.exists() or not os.path.samefile(src, dest) and sha256_file(dest) != sha256_file(src):
+            link_or_copy(src, dest)
+            linked += 1
+    shutil.copyfile(lock, bundle / "requirements.txt")
+    return linked
+
+
+def resolve_commit(hf: str, repo: str, revision: str, env: dict[str, str]) -> str:
+    """The 40-hex commit of `revision` (asked from the endpoint only when `revision` is not one already)."""
+    if COMMIT.match(revision):
+        return revision
+    out = subprocess.run([hf, "models", "info", repo, "--revision", revision, "--expand", "sha", "--format", "json"],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    return str(json.loads(out)["sha"])
+
+
+def sha256sums_ok(directory: Path) -> bool:
+    """Whether `directory`/SHA256SUMS exists and every file it lists matches."""
+    sums = directory / "SHA256SUMS"
+    if not sums.is_file():
+        return False
+    for line in sums.read_text().splitlines():
+        digest, _, rel = line.partition("  ")
+        path = directory / rel
+        if not path.is_file() or sha256_file(path) != digest:
+            return False
+    return True
+
+
+def build_model(bundle: Path, hf: str, repo: str, commit: str, env: dict[str, str]) -> int:
+    """model/<repo>/<commit>/ from `hf download` with SHA256SUMS; returns the files downloaded (0 when complete)."""
+    directory = bundle / "model" / repo / commit
+    if sha256sums_ok(directory):
+        return 0
+    before = {p: p.stat().st_mtime_ns for p in directory.rglob("*") if p.is_file()} if directory.exists() else {}
+    subprocess.run([hf, "download", repo, "--revision", commit, "--local-dir", str(directory)],
+                   env=env, check=True, stdout=subprocess.DEVNULL)
+    # hf's resume bookkeeping, not model files: it must not reach the node (nor the manifest).
+    shutil.rmtree(directory / ".cache", ignore_errors=True)
+    files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != "SHA256SUMS")
+    (directory / "SHA256SUMS").write_text(
+        "".join(f"{sha256_file(p)}  {p.relative_to(directory).as_posix()}\n" for p in files))
+    return sum(1 for p in files if before.get(p) != p.stat().st_mtime_ns)
+
+
+def deb_control(deb: Path) -> str:
+    """The control paragraph of a .deb (dpkg-deb -f), without its trailing newline."""
+    return subprocess.run(["dpkg-deb", "-f", str(deb)], check=True, capture_output=True, text=True).stdout.rstrip("\n")
+
+
+def packages_index(pool: Iterable[Path], control: Any = deb_control) -> str:
+    """A Packages index of the .debs (flat repository, Filename relative to apt/): control + Filename/Size/SHA256."""
+    stanzas = []
+    for deb in sorted(pool):
+        stanzas.append(f"{control(deb)}\nFilename: ./pool/{deb.name}\nSize: {deb.stat().st_size}\n"
+                       f"SHA256: {sha256_file(deb)}\n")
+    return "\n".join(stanzas)
+
+
+def release_file(apt: Path, label: str) -> str:
+    """A Release file for the flat repository: the sha256 and size of Packages (apt checks them)."""
+    packages = apt / "Packages"
+    date = email.utils.format_datetime(datetime.datetime.now(datetime.UTC).replace(microsecond=0), usegmt=True)
+    return (f"Origin: vllm-node bundle\nLabel: {label}\nSuite: ./\nDate: {date}\nArchitectures: amd64 all\n"
+            f"SHA256:\n {sha256_file(packages)} {packages.stat().st_size} Packages\n")
+
+
+def build_apt(bundle: Path, image: str, packages: list[str]) -> int:
+    """apt/ = the packages' missing closure in a clean container of `image`; returns the .debs downloaded now."""
+    apt = bundle / "apt"
+    pool = apt / "pool"
+    stamp = apt / "packages.list"
+    if stamp.is_file() and stamp.read_text().split() == packages and (apt / "Packages").is_file():
+        listed = re.findall(r"^Filename: \./pool/(\S+)\nSize: \d+\nSHA256: ([0-9a-f]{64})$",
+                            (apt / "Packages").read_text(), re.M)
+        if all((pool / name).is_file() and sha256_file(pool / name) == digest for name, digest in listed):
+            return 0
+    pool.mkdir(parents=True, exist_ok=True)
+    before = {p.name for p in pool.glob("*.deb")}
+    # In a throwaway container of the target OS: its apt computes what the image lacks, nothing is installed.
+    script = ("apt-get -qq update && apt-get -qq install --download-only --no-install-recommends -y "
+              "-o Dir::Cache::archives=/pool " + " ".join(packages) + " && rm -rf /pool/partial /pool/lock")
+    subprocess.run(["docker", "run", "--rm", "-v", f"{pool.resolve()}:/pool", image, "bash", "-c", script],
+                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["docker", "run", "--rm", "-v", f"{pool.resolve()}:/pool", image, "chown", "-R",
+                    f"{os.getuid()}:{os.getgid()}", "/pool"], check=True)
+    (apt / "Packages").write_text(packages_index(pool.glob("*.deb")))
+    (apt / "Release").write_text(release_file(apt, image))
+    stamp.write_text("\n".join(packages) + "\n")
+    return len({p.name for p in pool.glob("*.deb")} - before)
+
+
+def read_uv_version() -> str:
+    """vllm_env_uv_version from the vllm_env role's defaults (the uv the node installs)."""
+    text = (ROOT / "roles" / "vllm_env" / "defaults" / "main.yml").read_text()
+    match = re.search(r'^vllm_env_uv_version: *"?([^"\s]+)"?', text, re.M)
+    if not match:
+        raise SystemExit("bundle: cannot read vllm_env_uv_version from roles/vllm_env/defaults/main.yml")
+    return match.group(1)
+
+
+def build(args: argparse.Namespace) -> Path:
+    """Build (or complete) the bundle of the plan the arguments describe; returns its directory."""
+    t0 = time.monotonic()
+    env = dict(os.environ, HF_ENDPOINT=args.hf_endpoint, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
+    commit = resolve_commit(args.hf, args.repo, args.revision, env)
+    packages = sorted(set(args.apt_packages.split(","))) if args.apt_packages else []
+    plan = {
+        "lock": {"name": args.lock.name, "sha256": sha256_file(args.lock)},
+        "uv_version": read_uv_version(),
+        "model": {"repo": args.repo, "requested_revision": args.revision, "commit": commit,
+                  "endpoint": args.hf_endpoint},
+        "apt": {"image": args.apt_image, "packages": packages},
+    }
+    bundle = args.out / plan_hash(plan)[:16]
+    bundle.mkdir(parents=True, exist_ok=True)
+    (bundle / MANIFEST).unlink(missing_ok=True)  # written last: its presence means complete
+    (bundle / "plan.json").write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    counts = {"wheels linked": build_wheels(bundle, args.lock, args.wheelhouse, plan["uv_version"]),
+              "model files downloaded": build_model(bundle, args.hf, args.repo, commit, env),
+              "apt packages downloaded": build_apt(bundle, args.apt_image, packages) if packages else 0}
+    manifest = manifest_for(bundle, plan)
+    (bundle / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    size = sum(entry["size"] for entry in manifest["files"].values())
+    print(f"bundle {bundle}: id {sha256_file(bundle / MANIFEST)}, plan {manifest['plan_sha256']}, "
+          f"{len(manifest['files'])} files, {size / 1e6:.0f} MB; "
+          + ", ".join(f"{k} {v}" for k, v in counts.items())
+          + f"; downloaded {counts['model files downloaded'] + counts['apt packages downloaded']} files"
+          + f" in {time.monotonic() - t0:.1f} s")
+    return bundle
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="build or complete the bundle of a plan")
+    b.add_argument("--lock", type=Path, default=DEFAULT_LOCK, help="the pinned requirements (vllm_env's lock)")
+    b.add_argument("--wheelhouse", type=Path, default=DEFAULT_WHEELHOUSE, help="where the lock's wheels are")
+    b.add_argument("--repo", default="vllm-node-test/tiny-llama", help="the model's Hub id")
+    b.add_argument("--revision", default="main", help="branch, tag or commit; recorded as its commit")
+    b.add_argument("--hf-endpoint", default=os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    b.add_argument("--hf", default=shutil.which("hf") or "hf", help="the hf CLI (huggingface_hub >= 1.1)")
+    b.add_argument("--apt-image", default="local/debian-systemd:bookworm", help="a clean image of the target OS")
+    b.add_argument("--apt-packages", default=",".join(DEFAULT_APT_PACKAGES),
+                   help="comma-separated packages the roles install ('' = no apt part)")
+    b.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    v = sub.add_parser("verify", help="check every file of a bundle against its manifest.json")
+    v.add_argument("bundle", type=Path)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point."""
+    args = parse_args(argv)
+    if args.command == "build":
+        build(args)
+        return 0
+    manifest_path = args.bundle / MANIFEST
+    if not manifest_path.is_file():
+        print(f"bundle: {manifest_path} is missing (an unfinished build?)", file=sys.stderr)
+        return 1
+    problems = verify_bundle(args.bundle, json.loads(manifest_path.read_text()))
+    for problem in problems:
+        print(f"bundle {args.bundle}: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"bundle {args.bundle}: every file matches {MANIFEST}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
