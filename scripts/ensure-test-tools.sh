@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Test tools beyond the venv, pinned: Debian's chromium (the plan report's browser test,
 # tests/integration/test_plan_report_browser.py) and promtool from Debian's prometheus package (the alert rules'
-# unit tests, scripts/test-alert-rules.sh). .ci/run calls it; `make setup` too.
+# unit tests, tests/integration/test_observability_role.py). .ci/run calls it; `make setup` too.
 # chromium: apt-get install when root on Debian/Ubuntu (measured on the 2-core machine: 28 s, 25 packages, 395 MB
 #   installed); otherwise a note, and the browser test skips (under CI=true it fails instead).
 # promtool: only the binary, extracted from the pinned .deb into .cache/tools/ (no service installed or started,

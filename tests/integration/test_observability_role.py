@@ -19,10 +19,13 @@ import pytest
 import yaml
 from test_plan_playbook import BIN, ROOT, env
 
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import metric_names as mn
+
 PROMTOOLS = sorted((ROOT / ".cache" / "tools").glob("prometheus-*/promtool"))
 PROMTOOL = PROMTOOLS[-1] if PROMTOOLS else None
 RULES_TEST = ROOT / "tests" / "prometheus" / "vllm-node.rules.test.yml"
 METRIC_FAMILIES = ROOT / "tests" / "fixtures" / "metrics" / "vllm-0.32.0-metric-families.txt"
+DCGM_EXPOSITION = ROOT / "tests" / "fixtures" / "dcgm_exporter" / "metrics"
 INVENTORY = {
     "vllm_nodes": {
         "hosts": {
@@ -152,16 +155,25 @@ def test_promtool_unit_tests_fail_when_a_threshold_moves(rendered, tmp_path: Pat
     assert run.returncode != 0 and alert in run.stdout + run.stderr, run.stdout + run.stderr
 
 
-def test_the_rules_use_only_metric_names_vllm_0_32_exposes(rendered) -> None:
+def test_the_rules_use_only_metric_names_vllm_0_32_and_dcgm_exporter_expose(rendered) -> None:
+    """The metric-name contract on the rendered rules, against the recorded vLLM 0.32.0 families and the canned
+    dcgm-exporter exposition (the live check is molecule/site_e2e/tests/test_observability.py)."""
     _tmp, out = rendered
     families = {line for line in METRIC_FAMILIES.read_text().splitlines() if line and not line.startswith("#")}
-    exprs = [rule["expr"] for group in yaml.safe_load((out / "rules" / "vllm-node.rules.yml").read_text())["groups"]
-             for rule in group["rules"]]
-    used = {name for expr in exprs for name in re.findall(r"\b(vllm:[a-z_:]+|http_[a-z_]+)", expr)}
-    assert used, exprs
-    unknown = {name for name in used if re.sub(r"_(bucket|sum|count)$", "", name) not in families}
-    assert not unknown, f"metric names vLLM 0.32 does not expose: {sorted(unknown)}"
-    assert "vllm:gpu_cache_usage_perc" not in " ".join(exprs)
+    exprs = mn.rule_expressions(yaml.safe_load((out / "rules" / "vllm-node.rules.yml").read_text()))
+    used = {name for values in exprs.values() for expr in values for name in mn.promql_metric_names(expr)}
+    assert {n for n in used if n.startswith("vllm:")} and {n for n in used if n.startswith("DCGM_")}, exprs
+    assert mn.missing_metric_names(exprs, families, ["vllm:", "http_"]) == {}
+    assert mn.missing_metric_names(exprs, mn.exposition_names(DCGM_EXPOSITION.read_text()), ["DCGM_"]) == {}
+    assert "vllm:gpu_cache_usage_perc" not in str(exprs)
+
+
+def test_the_dashboards_are_written_beside_the_rules(rendered) -> None:
+    _tmp, out = rendered
+    committed = sorted((ROOT / "roles" / "observability" / "files" / "dashboards").glob("*.json"))
+    assert committed
+    for path in committed:
+        assert (out / "dashboards" / path.name).read_text() == path.read_text()
 
 
 def test_a_mode_that_does_not_exist_is_refused(tmp_path: Path) -> None:

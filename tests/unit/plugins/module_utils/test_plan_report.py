@@ -148,3 +148,13 @@ def test_bad_plans_are_refused_with_what_is_wrong(bad, message) -> None:
 def test_the_filter_names_itself_on_bad_input() -> None:
     with pytest.raises(Exception, match="plan_report_html: plan must be"):
         filter_html([], TEMPLATE, CHART_JS)
+
+
+def test_a_cluster_plan_lists_each_stage_and_a_single_node_has_no_stage_table() -> None:
+    two = vm.memory_plan(KIMI, **dict(STORY, kv_cache_dtype="bfloat16", max_model_len=262144, node_count=2))
+    html = plan_report_html(two, TEMPLATE, CHART_JS)
+    rows = re.findall(r'<tr data-stage="(\d+)" data-weights-bytes="(\d+)" data-kv-bytes="(\d+)">', html)
+    assert [(int(r), int(w), int(k)) for r, w, k in rows] == [
+        (s["rank"], s["weights_bytes"], s["kv_cache_bytes"]) for s in two["cluster"]["stages"]]
+    assert "<td>0-30</td>" in html and "<td>31-60</td>" in html
+    assert 'id="stage-table"' not in plan_report_html(story_fits(), TEMPLATE, CHART_JS)
