@@ -1,8 +1,9 @@
 """The plan as a picture: the data of the per-GPU memory chart and the static HTML page that draws it.
 
 Pure functions of the plan (the preflight role's vllm_node_plan, as written to artifacts/plan-<host>.json) and,
-when one exists, the inference check's report (what vLLM itself logged at start-up). The page is rendered from a
-Jinja2 template with the charting library inlined, so it works offline.
+when one exists, the inference check's report (what vLLM itself logged at start-up); and the check's own page (the
+serving benchmark's latency percentiles). The pages are rendered from Jinja2 templates with the charting library
+inlined, so they work offline.
 """
 
 from __future__ import annotations
@@ -100,6 +101,14 @@ def script_json(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
+def _render(template: str, chart_js: str, managed: str, **context: Any) -> str:
+    """`template` (Jinja2 text) rendered with `context`, the charting library inlined and the managed line."""
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    # A library file never contains "</script" in code; escaping it keeps a string in it from closing the tag.
+    return env.from_string(template).render(
+        chart_js=Markup(chart_js.replace("</script", "<\\/script")), managed=managed, gib=GIB, **context)
+
+
 def plan_report_html(plan: dict[str, Any], template: str, chart_js: str, check: dict[str, Any] | None = None,
                      managed: str = "") -> str:
     """The static HTML report: `template` (Jinja2 text) rendered with the plan, the chart data and the library.
@@ -107,19 +116,56 @@ def plan_report_html(plan: dict[str, Any], template: str, chart_js: str, check: 
     The page embeds the plan JSON itself (element #plan-json), the chart's data (#chart-data), the check report's
     summary when given, and `chart_js` inline, so it needs no network.
     """
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    page = env.from_string(template)
     summary = {key: check.get(key) for key in ("host", "time", "url", "plan")} if check else None
     chart = memory_chart(plan, check)
-    return page.render(
+    return _render(
+        template, chart_js, managed,
         plan=plan,
         chart=chart,
         check=summary,
         plan_json=Markup(script_json(plan)),
         chart_json=Markup(script_json(chart)),
         check_json=Markup(script_json(summary)),
-        # A library file never contains "</script" in code; escaping it keeps a string in it from closing the tag.
-        chart_js=Markup(chart_js.replace("</script", "<\\/script")),
-        managed=managed,
-        gib=GIB,
+    )
+
+
+# The benchmark's latency figures drawn on the check's page: key in the report's benchmark levels, label.
+LATENCY_FIGURES: tuple[tuple[str, str], ...] = (
+    ("ttft_ms_p50", "TTFT p50"), ("ttft_ms_p99", "TTFT p99"),
+    ("tpot_ms_p50", "TPOT p50"), ("tpot_ms_p99", "TPOT p99"),
+    ("itl_ms_p50", "ITL p50"), ("itl_ms_p99", "ITL p99"),
+)
+
+
+def latency_chart(check: dict[str, Any]) -> dict[str, Any]:
+    """The benchmark's latency percentiles per level (ms, None where not measured), from the check report.
+
+    Raises ValueError when the report has no benchmark levels (the benchmark was off or skipped).
+    """
+    levels = ((check or {}).get("benchmark") or {}).get("levels") or {}
+    if not isinstance(levels, dict) or not levels:
+        raise ValueError("the check report has no benchmark levels (benchmark.levels): run the inference check "
+                         "with inference_check_benchmark true, not in check mode")
+    out = []
+    for level, figs in levels.items():
+        values = []
+        for key, _label in LATENCY_FIGURES:
+            value = figs.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"benchmark.levels.{level}.{key} must be a number of ms, got {value!r}")
+            values.append(value)
+        out.append({"level": level, "concurrency": figs.get("concurrency"), "ms": values})
+    return {"figures": [{"key": key, "label": label} for key, label in LATENCY_FIGURES], "levels": out}
+
+
+def check_report_html(check: dict[str, Any], template: str, chart_js: str, managed: str = "") -> str:
+    """The inference check's static HTML report: the benchmark's latency percentiles as a chart, with the report
+    JSON embedded (#check-json) and the chart's data (#chart-data); same rendering as the plan's page."""
+    chart = latency_chart(check)
+    return _render(
+        template, chart_js, managed,
+        check=check,
+        chart=chart,
+        check_json=Markup(script_json(check)),
+        chart_json=Markup(script_json(chart)),
     )

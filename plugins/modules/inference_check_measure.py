@@ -10,9 +10,10 @@ short_description: Check a vLLM endpoint, time it, hold its startup numbers agai
 description:
   - Sends from the node itself C(/health), C(/v1/models) with and without the key, one chat completion and one
     streamed chat completion (time to first token, decode tokens/s from the usage vLLM reports).
-  - Reads the journal of the unit's current invocation for the numbers vLLM logged while starting (KV cache memory
-    and tokens, maximum concurrency, model loading) and the time from start to healthy, and compares them with
-    the plan.
+  - Reads vLLM's KV cache tokens, blocks and maximum concurrency from C(/metrics) (the C(vllm:cache_config_info)
+    gauge's labels), and the journal of the unit's current invocation for what C(/metrics) lacks (KV cache bytes
+    per rank, model loading; also the fallback for the KV figures) and the time from start to healthy, and
+    compares them with the plan.
   - Returns the verdict (RV(failures), RV(passed)) and the whole report; it does not fail on findings, so the
     caller can write the report first and judge afterwards.
   - Changes nothing.
@@ -106,7 +107,7 @@ report:
   description:
     - The whole report, as written to C(artifacts/inference-check-<host>.json) by the inference_check role.
     - Keys C(host), C(time), C(url), C(served_model_name), C(plan), C(health), C(models), C(unauthenticated_status),
-      C(chat), C(stream), C(startup), C(unit), C(plan_vs_actual), C(failures), C(summary).
+      C(chat), C(stream), C(startup), C(unit), C(plan_vs_actual), C(metrics_kv), C(failures), C(summary).
   returned: success
   type: dict
 stream:
@@ -119,8 +120,8 @@ startup:
   returned: success
   type: dict
 plan_vs_actual:
-  description: For C(kv_cache_tokens), C(kv_cache_bytes), C(weights_bytes_per_gpu), C(max_concurrency) the
-    C(actual), C(planned) and C(relative_difference).
+  description: For C(kv_cache_tokens), C(kv_cache_blocks), C(kv_cache_bytes), C(weights_bytes_per_gpu),
+    C(max_concurrency) the C(actual), C(planned), C(relative_difference) and C(source) (C(metrics) or C(journal)).
   returned: success
   type: dict
 unit:
@@ -141,6 +142,7 @@ from ansible.module_utils.urls import open_url
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import systemd
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_log import parse_startup
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import kv_from_metrics
 
 UNIT_PROPERTIES = ("InvocationID", "InactiveExitTimestamp", "ActiveEnterTimestamp", "MainPID", "NRestarts")
 SHORT_TIMEOUT = 30
@@ -153,21 +155,36 @@ def relative_difference(actual: Optional[float], planned: Optional[float]) -> Op
     return (actual - planned) / planned
 
 
-def compare_with_plan(startup: dict, plan: dict) -> dict:
-    """Plan vs what vLLM reported: KV tokens, KV bytes (smallest rank), weights per GPU."""
+def compare_with_plan(startup: dict, plan: dict, metrics: Optional[dict] = None) -> dict:
+    """Plan vs what vLLM reported: KV tokens, blocks and max concurrency from /metrics (vllm:cache_config_info)
+    where it exposes them, else from the start-up log; KV bytes (smallest rank) and weights per GPU from the log.
+
+    Each row says where its actual figure came from (`source`: metrics, journal, or None when unknown).
+    """
     kv = plan.get("kv") or {}
     per_gpu = plan.get("per_gpu") or {}
+    metrics = metrics or {}
     available = min(startup["available_kv_cache_bytes"]) if startup["available_kv_cache_bytes"] else None
     weights = max(startup["model_loading_bytes"]) if startup["model_loading_bytes"] else None
+
+    def pick(metric_key: str, journal_value: Any) -> tuple[Any, Optional[str]]:
+        """The /metrics figure when there is one, else the journal's."""
+        if metrics.get(metric_key) is not None:
+            return metrics[metric_key], "metrics"
+        return journal_value, ("journal" if journal_value is not None else None)
+
     rows = {
-        "kv_cache_tokens": (startup["kv_cache_tokens"], kv.get("tokens")),
-        "kv_cache_bytes": (available, kv.get("available_bytes") or per_gpu.get("kv_cache_bytes")),
-        "weights_bytes_per_gpu": (weights, per_gpu.get("weights_bytes")),
-        "max_concurrency": (startup["max_concurrency"], kv.get("max_concurrency")),
+        "kv_cache_tokens": (*pick("kv_cache_tokens", startup["kv_cache_tokens"]), kv.get("tokens")),
+        "kv_cache_blocks": (*pick("num_gpu_blocks", None), kv.get("num_blocks")),
+        "kv_cache_bytes": (available, "journal" if available is not None else None,
+                           kv.get("available_bytes") or per_gpu.get("kv_cache_bytes")),
+        "weights_bytes_per_gpu": (weights, "journal" if weights is not None else None, per_gpu.get("weights_bytes")),
+        "max_concurrency": (*pick("max_concurrency", startup["max_concurrency"]), kv.get("max_concurrency")),
     }
     return {
-        name: {"actual": actual, "planned": planned, "relative_difference": relative_difference(actual, planned)}
-        for name, (actual, planned) in rows.items()
+        name: {"actual": actual, "planned": planned, "relative_difference": relative_difference(actual, planned),
+               "source": source}
+        for name, (actual, source, planned) in rows.items()
     }
 
 
@@ -452,12 +469,15 @@ def main() -> None:
         lines = out.splitlines() if rc == 0 else []
     startup = parse_startup(lines)
     observed = probe_endpoint(url, p["api_key"], p["model"], p["prompt"], p["max_tokens"], p["timeout"])
-    pva = compare_with_plan(startup, p["plan"])
+    scrape = request(f"{url}/metrics", p["api_key"])
+    metrics = kv_from_metrics(scrape["text"]) if scrape["status"] == 200 else {}
+    pva = compare_with_plan(startup, p["plan"], metrics)
     failures = verdict(observed, pva, p["model"], p["require_reasoning"], p["reasoning_parser"],
                        p["enforce_plan"], p["kv_tolerance"])
     unit = unit_times(state)
     report = build_report(p["host"], datetime.now(UTC).isoformat(), url, p["model"], p["plan"], observed,
                           startup, unit, pva, failures)
+    report["metrics_kv"] = metrics
     module.exit_json(
         changed=False, passed=not failures, failures=failures, report=report, stream=observed["stream"],
         startup=startup, plan_vs_actual=pva, unit=unit,

@@ -8,6 +8,8 @@ from an inference check report beside them), and a screenshot shows the red
 Skipped when chromium is not installed locally; under CI (CI=true) a missing chromium fails instead:
 scripts/ensure-test-tools.sh, which .ci/run calls, installs it.
 PLAN_REPORT_SCREENSHOT=/path/plan.png keeps the screenshot for a person to look at.
+The inference check's page (the serving benchmark's latency percentiles, same rendering and library) is loaded the
+same way: it renders, its chart draws, and the latencies the script put in its table are the report JSON's.
 """
 from __future__ import annotations
 
@@ -21,6 +23,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 from test_plan_playbook import STORY, plan
+
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.plan_report import check_report_html
+from check_reports import check_report
 
 CHROMIUM = shutil.which("chromium")
 WIDTH, HEIGHT = 1100, 900
@@ -64,7 +69,7 @@ class Dom(html.parser.HTMLParser):
             self.body = attributes
         elif tag == "canvas":
             self.canvases.append(attributes)
-        elif tag == "tr" and "data-segment" in attributes:
+        elif tag == "tr" and ("data-segment" in attributes or "data-ms" in attributes):
             self.rows.append(attributes)
 
 
@@ -130,3 +135,29 @@ def test_a_screenshot_shows_the_kv_over_budget_in_red(refused, tmp_path: Path) -
     # Eight planned bars' over-budget parts (5.56 GiB each, ~18 px high, ~35 px wide beside the reported bars:
     # ~4,500 px); the legend swatch alone is ~470 px (the budget line is another red, #8b0000).
     assert red > 2_000, f"only {red} pixels of the over-budget red in the screenshot"
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_check_page_draws_the_benchmark_latencies_of_its_json(tmp_path: Path) -> None:
+    report = check_report()
+    page = tmp_path / "inference-check-node1.html"
+    page.write_text(check_report_html(
+        report, (ROOT / "roles/inference_check/templates/inference-check.html.j2").read_text(),
+        (ROOT / "roles/preflight/files/chartjs/chart.umd.min.js").read_text()))
+    (tmp_path / "inference-check-node1.json").write_text(json.dumps(report))
+    proc = chromium(tmp_path / "profile", "--dump-dom", page.as_uri())
+    assert proc.returncode == 0, proc.stderr
+    dom = Dom()
+    dom.feed(proc.stdout)
+    assert dom.body.get("data-rendered") == "true", "the page's script did not finish:\n" + proc.stderr[-2000:]
+    assert [c.get("id") for c in dom.canvases] == ["latency-chart"]
+    assert dom.body.get("data-datasets") == "2", "one bar series per concurrency level"
+    assert int(dom.body["data-chart-ink-pixels"] or 0) > 5_000, "Chart.js drew (almost) nothing on the canvas"
+    # Every latency percentile of every level, as the page's script rendered it, against the JSON beside the page.
+    written = json.loads((tmp_path / "inference-check-node1.json").read_text())["benchmark"]["levels"]
+    rendered = {(r["data-level"], r["data-figure"]): float(r["data-ms"] or "nan") for r in dom.rows if "data-ms" in r}
+    assert rendered == {(level, key): figs[key] for level, figs in written.items()
+                        for key in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50",
+                                    "itl_ms_p99")}

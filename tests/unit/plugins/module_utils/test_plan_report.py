@@ -15,13 +15,19 @@ from typing import Any
 import pytest
 
 import sizing_groundtruth as gt
+from ansible_collections.vllm_node.vllm_node.plugins.filter.check_report_html import (
+    check_report_html as check_report_filter,
+)
 from ansible_collections.vllm_node.vllm_node.plugins.filter.plan_report import plan_report_html as filter_html
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.plan_report import (
+    check_report_html,
+    latency_chart,
     memory_chart,
     plan_report_html,
     script_json,
 )
+from check_reports import check_report
 from sizing_cases import KIMI, STORY_HARDWARE
 
 ROOT = Path(__file__).resolve().parents[4]
@@ -158,3 +164,34 @@ def test_a_cluster_plan_lists_each_stage_and_a_single_node_has_no_stage_table() 
         (s["rank"], s["weights_bytes"], s["kv_cache_bytes"]) for s in two["cluster"]["stages"]]
     assert "<td>0-30</td>" in html and "<td>31-60</td>" in html
     assert 'id="stage-table"' not in plan_report_html(story_fits(), TEMPLATE, CHART_JS)
+
+
+# The inference check's page: the benchmark's latency percentiles, rendered the same way as the plan's page.
+CHECK_TEMPLATE = (ROOT / "roles/inference_check/templates/inference-check.html.j2").read_text()
+
+
+def test_the_latency_chart_carries_every_level_and_percentile_of_the_report() -> None:
+    check = check_report()
+    chart = latency_chart(check)
+    keys = [figure["key"] for figure in chart["figures"]]
+    assert keys == ["ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50", "itl_ms_p99"]
+    for entry in chart["levels"]:
+        figs = check["benchmark"]["levels"][entry["level"]]
+        assert entry["concurrency"] == figs["concurrency"]
+        assert entry["ms"] == [figs[key] for key in keys]
+
+
+def test_the_check_page_embeds_the_report_and_the_library() -> None:
+    check = check_report()
+    page = check_report_filter(check, CHECK_TEMPLATE, CHART_JS, managed="Ansible managed: test")
+    embedded = re.search(r'<script type="application/json" id="check-json">(.*?)</script>', page, re.S)
+    assert embedded and json.loads(embedded.group(1)) == check
+    assert CHART_JS[:200] in page and "<!-- Ansible managed: test -->" in page
+    assert 'id="latency-chart"' in page and "PASSED" in page
+
+
+def test_a_report_without_a_benchmark_has_no_latency_page() -> None:
+    with pytest.raises(ValueError, match="benchmark"):
+        check_report_html({"host": "n", "benchmark": {"skipped": "check mode"}}, CHECK_TEMPLATE, CHART_JS)
+    with pytest.raises(Exception, match="check_report_html: benchmark.levels.single.ttft_ms_p50 must be a number"):
+        check_report_filter({"benchmark": {"levels": {"single": {"ttft_ms_p50": "fast"}}}}, CHECK_TEMPLATE, CHART_JS)

