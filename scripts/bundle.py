@@ -49,9 +49,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOCK = ROOT / "roles" / "vllm_env" / "files" / "requirements" / "vllm-0.32.0-cpu.txt"
 DEFAULT_WHEELHOUSE = ROOT / ".cache" / "wheelhouse" / "vllm-cpu"
 DEFAULT_OUT = ROOT / ".cache" / "bundle"
-# What the roles install with apt on a cpu node (vllm_env: base + cpu variant packages); the driver role's
-# packages come from the NVIDIA repository, which this builder does not mirror (see --apt-packages).
-DEFAULT_APT_PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev")
+# What the roles install with apt on a cpu node (vllm_env: base + cpu variant packages), and libnuma1, which vllm-cpu's
+# _C extension loads at start-up (online, apt brings it in as a recommended package; the closure has no
+# recommends). The driver role's packages come from the NVIDIA repository, which this builder does not mirror.
+DEFAULT_APT_PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev", "libnuma1")
 MANIFEST = "manifest.json"
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -263,8 +264,8 @@ def build(args: argparse.Namespace) -> Path:
     plan = {
         "lock": {"name": args.lock.name, "sha256": sha256_file(args.lock)},
         "uv_version": read_uv_version(),
-        "model": {"repo": args.repo, "requested_revision": args.revision, "commit": commit,
-                  "endpoint": args.hf_endpoint},
+        # the content is the commit's: where it was fetched from and by which name do not change the bundle
+        "model": {"repo": args.repo, "commit": commit},
         "apt": {"image": args.apt_image, "packages": packages},
     }
     bundle = args.out / plan_hash(plan)[:16]

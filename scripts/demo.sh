@@ -63,17 +63,38 @@ t2=$(date +%s)
 key=$("$DOCKER" exec "$NODE" cat /etc/vllm/api-key)
 model=$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["served_model_name"])' "artifacts/plan-$NODE.json")
 url=$(python -c 'import json,sys; print(json.load(open(sys.argv[1])).get("url",""))' "artifacts/inference-check-$NODE.json")
+body='{"model": "'$model'", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
 
 step "ready (site.yml $((t2 - t1)) s, demo total $((t2 - t0)) s)"
-cat <<EOT
+if "$DOCKER" exec "$NODE" systemctl is-active --quiet haproxy; then
+  # The gateway (inventories/demo: vllm_node_gateway): TLS with the demo CA the play generated on this machine,
+  # the key checked at the proxy, only /v1/ forwarded. The certificate names the container's address.
+  address=$("$DOCKER" container inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$NODE" | awk '{print $1}')
+  cat <<EOT
+endpoint: https://$address (the gateway in the container $NODE: TLS, the API key, only the OpenAI API under /v1/;
+          vLLM itself listens on $url inside the container only)
+API key:  in /etc/vllm/api-key on the node (mode 0600); the demo CA: $ROOT/artifacts/gateway-ca/ca.crt
+
+Try it:
+  curl -s --cacert $ROOT/artifacts/gateway-ca/ca.crt https://$address/v1/chat/completions \\
+    -H 'Authorization: Bearer $key' -H 'Content-Type: application/json' \\
+    -d '$body'
+  Without the key, or on any other path (/metrics, /invocations, /tokenize ...), the gateway answers 401 or 403.
+
+EOT
+else
+  cat <<EOT
 endpoint: $url  (inside the container $NODE; it listens on loopback only, as configured)
 API key:  in /etc/vllm/api-key on the node (mode 0600)
 
 Try it:
   $DOCKER exec $NODE curl -s $url/v1/chat/completions \\
     -H 'Authorization: Bearer $key' -H 'Content-Type: application/json' \\
-    -d '{"model": "$model", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
+    -d '$body'
 
+EOT
+fi
+cat <<EOT
 Check report (artifacts/inference-check-$NODE.json):
 EOT
 python - "artifacts/inference-check-$NODE.json" <<'PY'

@@ -1,4 +1,5 @@
-"""scripts/bundle.py: the plan hash, the wheel selection by the lock's hashes, the manifest and its verification."""
+"""scripts/bundle.py (the plan hash, the wheel selection by the lock's hashes, the manifest and its verification) and
+the node side: the module bundle_fetch's checks and the offline_bundle role's filter."""
 
 from __future__ import annotations
 
@@ -8,6 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from ansible_collections.vllm_node.vllm_node.plugins.filter.offline_bundle import model_files
+from ansible_collections.vllm_node.vllm_node.plugins.modules.bundle_fetch import (
+    check_manifest,
+    file_problem,
+    safe_relative,
+)
+from ansible_collections.vllm_node.vllm_node.plugins.modules.bundle_fetch import plan_hash as node_plan_hash
 from bundle import (
     manifest_for,
     packages_index,
@@ -116,3 +124,49 @@ def test_verify_refuses_paths_outside(tmp_path: Path, bad: str) -> None:
     manifest = manifest_for(tmp_path, {})
     manifest["files"][bad] = {"sha256": "0" * 64, "size": 1}
     assert any(p.startswith(f"{bad}: outside the bundle") for p in verify_bundle(tmp_path, manifest))
+
+
+
+
+def test_node_and_controller_hash_the_plan_alike() -> None:
+    plan = {"model": {"repo": "org/m", "commit": "c" * 40}, "apt": {"packages": ["g++"]}}
+    assert node_plan_hash(plan) == plan_hash(plan)
+
+
+def test_check_manifest(tmp_path: Path) -> None:
+    """The id pins the manifest's bytes; a plan that does not match its hash and unsafe paths are refused."""
+    _tree(tmp_path)
+    raw = json.dumps(manifest_for(tmp_path, {"x": 1})).encode()
+    assert check_manifest(raw, "")[1] == []
+    assert check_manifest(raw, _sha(raw))[1] == []
+    assert check_manifest(raw, "0" * 64)[1][0].startswith("manifest.json: sha256 ")
+    bad = json.loads(raw)
+    bad["plan"]["x"] = 2
+    bad["files"]["../etc/shadow"] = {"sha256": "0" * 64, "size": 1}
+    problems = check_manifest(json.dumps(bad).encode(), "")[1]
+    assert problems == ["manifest.json: plan_sha256 does not match its plan", "../etc/shadow: outside the bundle"]
+    assert check_manifest(b"not json", "")[1][0].startswith("manifest.json: not JSON")
+    assert not safe_relative("/abs") and not safe_relative("a/../b") and safe_relative("wheels/a.whl")
+
+
+def test_file_problem_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "w.whl"
+    path.write_bytes(b"abc")
+    entry = {"sha256": _sha(b"abc"), "size": 3}
+    assert file_problem(str(path), "wheels/w.whl", entry) is None
+    path.write_bytes(b"abd")
+    assert file_problem(str(path), "wheels/w.whl", entry) == (
+        f"wheels/w.whl: sha256 {_sha(b'abd')}, the manifest says {_sha(b'abc')}")
+    path.write_bytes(b"abcd")
+    assert file_problem(str(path), "wheels/w.whl", entry) == "wheels/w.whl: 4 bytes, the manifest says 3"
+    assert file_problem(str(tmp_path / "no"), "wheels/no.whl", entry) == "wheels/no.whl: missing"
+
+
+def test_model_files_in_model_download_record_shape() -> None:
+    files = {"model/o/m/c/config.json": {"sha256": "a" * 64, "size": 5},
+             "model/o/m/c/SHA256SUMS": {"sha256": "b" * 64, "size": 9},
+             "model/o/m/c/sub/x.safetensors": {"sha256": "c" * 64, "size": 7},
+             "wheels/a.whl": {"sha256": "d" * 64, "size": 1}}
+    assert model_files(files, "model/o/m/c/") == [
+        {"path": "config.json", "size": 5, "sha256": "a" * 64},
+        {"path": "sub/x.safetensors", "size": 7, "sha256": "c" * 64}]

