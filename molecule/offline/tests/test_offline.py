@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -51,13 +52,12 @@ def site(*extra: str, timeout: int = 3600) -> tuple[int, str, float]:
 
 def probe(host, url: str) -> str:
     """What the node gets when it asks `url` (REACHED or FAILED with the error)."""
-    return host.check_output(f"python3 -c {json.dumps(PROBE)} {url}")
+    return host.check_output(f"python3 -c {shlex.quote(PROBE)} {shlex.quote(url)}")
 
 
 def test_no_route_out(host):
-    """The node has no default route and reaches neither PyPI, the Hub, NVIDIA's nor Debian's repositories."""
-    routes = host.file("/proc/net/route").content_string.splitlines()[1:]
-    assert not [r for r in routes if r.split()[1] == "00000000"], routes
+    """The node reaches neither PyPI, the Hub, NVIDIA's nor Debian's repositories (an --internal network keeps a
+    default route in the container; docker drops what leaves the network), but the bundle server answers."""
     for url in OUTSIDE:
         answer = probe(host, url)
         print(f"offline: {url} -> {answer}")
@@ -118,7 +118,9 @@ def _tampered_copy(name: str) -> tuple[Path, str, str]:
 
 NODE_STATE = ("dpkg-query -W -f '${Package} ${Version} ${db:Status-Status}\\n'; "
               "find /opt/vllm /srv/vllm /etc/systemd/system /etc/apt /var/lib/vllm-node /etc/vllm "
-              "-printf '%p %s %T@\\n' 2>/dev/null | sort; systemctl show vllm -p MainPID -p InvocationID")
+              "\\( -type f -printf '%p %s %T@\\n' \\) -o -printf '%p\\n' 2>/dev/null | sort; "
+              "systemctl show vllm -p MainPID -p InvocationID")
+# Directories by name only: the refused run's staging directory comes and goes, which moves its parent's mtime.
 
 
 def test_tampered_bundle_is_refused_naming_the_files_node_unchanged(host):
