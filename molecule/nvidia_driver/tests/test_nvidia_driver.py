@@ -140,3 +140,28 @@ def test_no_reboot_when_forbidden_and_pending_state_reported(host):
     first = json.loads(host.file("/var/lib/vllm-node-fake/facts-no-reboot.json").content_string)
     assert first == {"gpus": [], "version": "", "flavour": "", "installed_version": WANTED, "reboot_required": True}
     # The one reboot on record is the second play's (test_rebooted_exactly_once_into_the_open_module).
+
+
+def test_dcgm_exporter_from_the_driver_repository_on_loopback(host):
+    """nvdrv-bookworm asks for dcgm-exporter: NVIDIA's packages at the repository's version, held with the driver,
+    the unit enabled and running with the drop-in's loopback address, /metrics serving DCGM fields. nvdrv-noble
+    (the role alone, default off) has none of it."""
+    core, exporter = host.package("datacenter-gpu-manager-4-core"), host.package("datacenter-gpu-manager-exporter")
+    if name(host) != "nvdrv-bookworm":
+        assert not core.is_installed and not exporter.is_installed
+        assert not host.file("/etc/systemd/system/nvidia-dcgm-exporter.service.d/listen.conf").exists
+        return
+    assert core.is_installed and exporter.is_installed
+    held = host.check_output("dpkg --get-selections datacenter-gpu-manager-exporter datacenter-gpu-manager-4-core")
+    assert held.split() == ["datacenter-gpu-manager-exporter", "hold", "datacenter-gpu-manager-4-core", "hold"]
+    drop_in = host.file("/etc/systemd/system/nvidia-dcgm-exporter.service.d/listen.conf").content_string
+    assert "Environment=DCGM_EXPORTER_LISTEN=127.0.0.1:9400" in drop_in
+    service = host.service("nvidia-dcgm-exporter")
+    assert service.is_enabled and service.is_running
+    # The kernel's listening table (no ss/netstat in the minimal image): port 9400 = 0x24C8, state 0A = LISTEN.
+    listening = host.check_output(
+        "awk '$4 == \"0A\" && $2 ~ /:24C8$/ {print $2}' /proc/net/tcp /proc/net/tcp6").split()
+    assert listening == ["0100007F:24C8"], listening
+    metrics = host.check_output(
+        "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9400/metrics').read().decode())\"")
+    assert 'DCGM_FI_DEV_XID_ERRORS{gpu="0"' in metrics and "DCGM_FI_DEV_GPU_TEMP" in metrics
