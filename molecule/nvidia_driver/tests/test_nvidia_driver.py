@@ -158,10 +158,13 @@ def test_dcgm_exporter_from_the_driver_repository_on_loopback(host):
     assert "Environment=DCGM_EXPORTER_LISTEN=127.0.0.1:9400" in drop_in
     service = host.service("nvidia-dcgm-exporter")
     assert service.is_enabled and service.is_running
-    # The kernel's listening table (no ss/netstat in the minimal image): port 9400 = 0x24C8, state 0A = LISTEN.
-    listening = host.check_output(
-        "awk '$4 == \"0A\" && $2 ~ /:24C8$/ {print $2}' /proc/net/tcp /proc/net/tcp6").split()
-    assert listening == ["0100007F:24C8"], listening
+    # Bound to loopback only: it answers on 127.0.0.1 and refuses on the container's own address (docker maps the
+    # hostname to it in /etc/hosts).
+    probe = host.check_output(
+        "python3 -c \"import socket; ip = socket.gethostbyname(socket.gethostname()); "
+        "print(ip, socket.socket().connect_ex(('127.0.0.1', 9400)), socket.socket().connect_ex((ip, 9400)))\"").split()
+    assert not probe[0].startswith("127."), probe
+    assert probe[1] == "0" and probe[2] != "0", probe
     metrics = host.check_output(
         "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:9400/metrics').read().decode())\"")
     assert 'DCGM_FI_DEV_XID_ERRORS{gpu="0"' in metrics and "DCGM_FI_DEV_GPU_TEMP" in metrics
