@@ -21,6 +21,9 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "itl_ms_p50": False,
     "itl_ms_p99": False,
 }
+# Tails (p99) are held against the band only: over the check's few prompts a p99 is nearly the maximum, so it
+# swings several-fold run to run on a shared machine (measured in CI: TPOT p99 3.1 ms, then 14.7 ms, p50 steady).
+TAIL_FIGURES = frozenset(f for f in HIGHER_IS_BETTER if f.endswith("_p99"))
 # The two load levels the check runs: one user alone, and the planned concurrency.
 LEVELS = ("single", "planned")
 
@@ -125,7 +128,8 @@ def compare(measured: dict[str, dict[str, Any]], band: dict[str, Any], previous:
                     reasons.append(f"expected {'>=' if HIGHER_IS_BETTER[figure] else '<='} {edge:g} "
                                    f"(band {_fmt(limits.get('min'), '-')}..{_fmt(limits.get('max'), '-')}"
                                    f"{' of ' + band_name if band_name else ''})")
-                if isinstance(prev, (int, float)) and _worse(figure, value, _previous_limit(figure, prev, tol)):
+                if (figure not in TAIL_FIGURES and isinstance(prev, (int, float))
+                        and _worse(figure, value, _previous_limit(figure, prev, tol))):
                     reasons.append(f"previous run {prev:g} (tolerance {tol * 100:g} %)")
                 if reasons:
                     row["verdict"] = "regression"
