@@ -15,24 +15,16 @@ import subprocess
 import time
 from pathlib import Path
 
+from measurements import record
+
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 ARTIFACTS = PROJECT / "artifacts"
 HOST = "site_e2e-bookworm"
 STATE = "/var/lib/vllm-node/benchmark-last.json"
 FIGURES = ("output_tps", "per_user_tps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
            "itl_ms_p50", "itl_ms_p99")
-MEASUREMENTS = ARTIFACTS / "site_e2e-measurements.json"
 
 testinfra_hosts = [f"ansible://{HOST}"]
-
-
-def record(name: str, value) -> None:
-    """Keep a measured number for the report (and print it)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    data = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else {}
-    data[name] = value
-    MEASUREMENTS.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"MEASURED {name}: {value}")
 
 
 def report() -> dict:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from measurements import record
 
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 ARTIFACTS = PROJECT / "artifacts"
@@ -24,7 +25,6 @@ HOST = "site_e2e-bookworm"
 GATEWAY_PORT = 443
 VLLM_PORT = 8000
 CA = ARTIFACTS / "gateway-ca" / "ca.crt"
-MEASUREMENTS = ARTIFACTS / "site_e2e-measurements.json"
 
 testinfra_hosts = [f"ansible://{HOST}"]
 
@@ -42,15 +42,6 @@ REFUSED_WITH_KEY = [
     ("POST", "/v1/../invocations", 400), ("POST", "/v1/%2e%2e/invocations", 400), ("POST", "//invocations", 400),
     ("POST", "/v1/..%2Finvocations", 400),
 ]
-
-
-def record(name: str, value) -> None:
-    """Keep a measured number for the report (and print it)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    data = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else {}
-    data[name] = value
-    MEASUREMENTS.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"MEASURED {name}: {value}")
 
 
 @pytest.fixture(scope="module")

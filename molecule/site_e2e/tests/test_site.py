@@ -15,24 +15,16 @@ import subprocess
 import time
 from pathlib import Path
 
+from measurements import record
+
 PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 SCENARIO = Path(__file__).resolve().parents[1]
 ARTIFACTS = PROJECT / "artifacts"
 HOST = "site_e2e-bookworm"
 PORT = 8000
 KEY_FILE = "/etc/vllm/api-key"
-MEASUREMENTS = ARTIFACTS / "site_e2e-measurements.json"
 
 testinfra_hosts = [f"ansible://{HOST}"]
-
-
-def record(name: str, value) -> None:
-    """Keep a measured number for the report (and print it)."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    data = json.loads(MEASUREMENTS.read_text()) if MEASUREMENTS.exists() else {}
-    data[name] = value
-    MEASUREMENTS.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"MEASURED {name}: {value}")
 
 
 def playbook(path: Path, *extra: str, timeout: int = 2400) -> tuple[int, str, float]:
