@@ -12,13 +12,30 @@ set -uo pipefail
 jobs=$1; lanes_spec=$2; shift 2
 logdir=artifacts/molecule
 mkdir -p "$logdir"
+: > "$logdir/recap.txt"
 
 run_one() {
   local s=$1 t0=$SECONDS rc
   molecule test -s "$s" 2>&1 | tee "$logdir/$s.log" | sed -u "s/^/[$s] /"
   rc=${PIPESTATUS[0]}
   echo "== stage molecule $s: $((SECONDS - t0)) s (exit $rc)"
+  echo "$s $((SECONDS - t0)) $rc" >> "$logdir/recap.txt"
   return "$rc"
+}
+
+# The lanes' output interleaves and CI keeps only its tail, so the end repeats each scenario's result and, for a
+# failed one, the lines that say why.
+recap() {
+  local s secs rc
+  echo "== molecule recap (scenario, seconds, exit)"
+  while read -r s secs rc; do
+    echo "   $s $secs s exit $rc"
+  done < "$logdir/recap.txt"
+  while read -r s secs rc; do
+    [ "$rc" -eq 0 ] && continue
+    echo "== $s failed; its failing lines ($logdir/$s.log):"
+    grep -E '^(FAILED|ERROR) |^E  +[A-Za-z]|fatal: \[|failed: \[|Executed: Failed|CRITICAL' "$logdir/$s.log" | tail -n 40 | cut -c1-400
+  done < "$logdir/recap.txt"
 }
 
 run_lane() {
@@ -27,7 +44,7 @@ run_lane() {
 }
 
 if [ "$jobs" -le 1 ]; then
-  run_lane "$@"; exit $?
+  run_lane "$@"; rc=$?; recap; exit "$rc"
 fi
 
 # lane i = the given scenarios named in the i-th part of LANES (in the given order); the rest form the last lane
@@ -51,4 +68,5 @@ for lane in "${lanes[@]}"; do
 done
 rc=0
 for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+recap
 exit "$rc"
