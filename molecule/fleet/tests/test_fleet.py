@@ -88,7 +88,7 @@ def rollout(step: str, extra_vars: dict[str, Any], timeout: int = 3600) -> tuple
     vars_file.write_text(json.dumps(extra_vars, indent=2) + "\n")
     env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
                ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"), ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
-               ANSIBLE_FORCE_COLOR="0")
+               ANSIBLE_FORCE_COLOR="0", ANSIBLE_DISPLAY_SKIPPED_HOSTS="true")  # step 04 reads the skipped drain
     log = ARTIFACTS / f"{step}.log"
     start = time.monotonic()
     with log.open("w") as out:  # written as it runs: `tail -f` shows where a long step is
