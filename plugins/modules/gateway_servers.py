@@ -1,0 +1,116 @@
+#!/usr/bin/python
+"""Ansible module: the servers of an HAProxy backend and their state, read from the runtime API (read-only)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: gateway_servers
+short_description: Read the servers of HAProxy's backends from its runtime API socket (read-only)
+description:
+  - Sends C(show stat) to HAProxy's runtime API (a UNIX socket, e.g. the gateway role's
+    C(/run/haproxy/gateway.sock)) and returns backend -> server -> status, weight and current sessions.
+  - With O(servers), fails naming the ones that are not servers of O(backend); playbooks/rollout.yml uses it to
+    refuse a node the gateway does not know before anything is drained.
+  - Changes nothing.
+options:
+  socket:
+    description: Path of HAProxy's runtime API socket (a C(stats socket) line of its configuration).
+    type: path
+    required: true
+  backend:
+    description: The backend whose servers are checked against O(servers); "" checks nothing.
+    type: str
+    default: ""
+  servers:
+    description: Server names that must be in O(backend).
+    type: list
+    elements: str
+    default: []
+  timeout:
+    description: Seconds to wait for HAProxy's answer.
+    type: int
+    default: 10
+extends_documentation_fragment:
+  - vllm_node.vllm_node.read_only
+author: vllm-node
+"""
+
+EXAMPLES = r"""
+- name: The gateway knows both nodes
+  vllm_node.vllm_node.gateway_servers:
+    socket: /run/haproxy/gateway.sock
+    backend: vllm
+    servers: [node1, node2]
+  register: gateway
+"""
+
+RETURN = r"""
+backends:
+  description: Backend -> server -> C(status) (UP, DOWN, DRAIN, MAINT, ...), C(weight), C(scur) (current sessions),
+    C(admin_drain), C(admin_maint).
+  returned: success
+  type: dict
+missing:
+  description: The names of O(servers) that O(backend) does not have (the task fails when any).
+  returned: always
+  type: list
+"""
+
+import os
+import socket as _socket
+import stat as _stat
+from typing import Any
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import missing_servers, parse_show_stat
+
+
+def ask(path: str, command: str, timeout: int) -> str:
+    """Send one command to HAProxy's runtime API socket and return its whole answer."""
+    with _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(path)
+        conn.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def main() -> None:
+    """Read `show stat`, parse it, check the wanted servers."""
+    module = AnsibleModule(
+        argument_spec={
+            "socket": {"type": "path", "required": True},
+            "backend": {"type": "str", "default": ""},
+            "servers": {"type": "list", "elements": "str", "default": []},
+            "timeout": {"type": "int", "default": 10},
+        },
+        supports_check_mode=True,
+    )
+    path, backend, wanted = module.params["socket"], module.params["backend"], module.params["servers"]
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        module.fail_json(msg=f"HAProxy's runtime API socket {path} is not there ({err.strerror}): is HAProxy "
+                             "running with a `stats socket` line for it (the gateway role writes one)?", missing=wanted)
+    if not _stat.S_ISSOCK(mode):
+        module.fail_json(msg=f"{path} is not a socket: give the path of HAProxy's `stats socket`", missing=wanted)
+    try:
+        backends: dict[str, Any] = parse_show_stat(ask(path, "show stat", module.params["timeout"]))
+    except (OSError, ValueError) as err:
+        module.fail_json(msg=f"HAProxy's runtime API at {path} did not answer `show stat`: {err}", missing=wanted)
+    missing = missing_servers(backends, backend, wanted) if backend else []
+    if missing:
+        module.fail_json(
+            msg=f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a server of backend '{backend}' "
+                f"at {path} (it has {', '.join(sorted(backends.get(backend) or {})) or 'no such backend'}; "
+                f"backends: {', '.join(sorted(backends)) or 'none'}). List each node in the gateway's "
+                "gateway_backends under its inventory name, or set rollout_gateway_server.",
+            backends=backends, missing=missing)
+    module.exit_json(changed=False, backends=backends, missing=missing)
+
+
+if __name__ == "__main__":
+    main()
