@@ -225,6 +225,7 @@ def test_unit_renders_the_plan(host):
     for name, value in service["environment"].items():
         assert f'"{name}={value}"' in text
     assert f"TimeoutStartSec={service['start_timeout']}\n" in text
+    assert f"TimeoutStopSec={service['stop_timeout']}\n" in text and "--shutdown-timeout" in service["argv"]
     assert host.file("/var/lib/vllm/cache").user == "vllm"
 
 
