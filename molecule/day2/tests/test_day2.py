@@ -2,7 +2,7 @@
 run against this scenario's inventory with that step's extra vars, and a restart witness around it.
 
 The sequence (the tests below, in file order; each starts from the state the one before left):
-  converge on vLLM 0.31.0 -> rerun (0 restarts, changed=0) -> 0.32.0 (1 restart, /version 0.32.0)
+  converge on vLLM 0.31.0 -> 0.32.0 (1 restart, /version 0.32.0)
   -> a broken new venv (smoke import fails: 0 restarts, 0.32.0 still serving)
   -> revision B with a corrupted shard (0 restarts, A still serving) -> revision B (1 restart, B served)
   -> max-model-len 4096 -> 2048 (1 restart) -> API key rotation (1 restart; old key 401, new key 200)
@@ -229,23 +229,16 @@ def test_01_converge_on_0_31_0(host):
     measured("01-converge", result, version="0.31.0", root=model["root"], completion=STATE["completion_a"])
 
 
-def test_02_rerun_changes_nothing(host):
-    result = step(host, "02-rerun", {})
-    assert_restarts("02-rerun", result, 0)
-    assert result["recap"]["changed"] == 0, "a second run with the same inventory must change nothing"
-    measured("02-rerun", result)
-
-
 @needs_fingerprint
-def test_03_upgrade_to_0_32_0(host):
-    result = step(host, "03-upgrade", {"vllm_node_vllm_version": "0.32.0"})
-    assert_restarts("03-upgrade", result, 1)
+def test_02_upgrade_to_0_32_0(host):
+    result = step(host, "02-upgrade", {"vllm_node_vllm_version": "0.32.0"})
+    assert_restarts("02-upgrade", result, 1)
     assert served_version(host) == "0.32.0"
     assert host.file("/opt/vllm/current").linked_to == "/opt/vllm/venvs/0.32.0-cpu"
-    measured("03-upgrade", result, version="0.32.0")
+    measured("02-upgrade", result, version="0.32.0")
 
 
-def test_04_broken_venv_leaves_the_serving_version(host):
+def test_03_broken_venv_leaves_the_serving_version(host):
     """A new venv whose lock installs (from the wheelhouse, hashes checked) but has no vLLM: the smoke import
     fails, `current` stays, the service keeps serving what it served, nothing restarts."""
     serving, link = served_version(host), host.file("/opt/vllm/current").linked_to
@@ -255,38 +248,38 @@ def test_04_broken_venv_leaves_the_serving_version(host):
     broken.parent.mkdir(parents=True, exist_ok=True)
     broken.write_text("# A lock without vLLM (installs, `import vllm` fails); compiled for\n"
                       "#    uv pip compile --generate-hashes --python-version 3.11\n" + pin.group(0))
-    result = step(host, "04-broken-venv", {"vllm_env_venv_name": "broken-cpu",
+    result = step(host, "03-broken-venv", {"vllm_env_venv_name": "broken-cpu",
                                            "vllm_env_requirements_file": str(broken)}, expect_rc=1)
     assert "`import vllm` fails" in result["output"]
-    assert_restarts("04-broken-venv", result, 0)
+    assert_restarts("03-broken-venv", result, 0)
     assert host.file("/opt/vllm/current").linked_to == link
     assert served_version(host) == serving
-    measured("04-broken-venv", result, version=serving)
+    measured("03-broken-venv", result, version=serving)
 
 
 @needs_revisions
-def test_05_corrupted_revision_leaves_a_serving(host):
+def test_04_corrupted_revision_leaves_a_serving(host):
     """Revision B whose shards arrive with a flipped byte: the sha256 check fails, A keeps serving."""
     STATE["commit_b"], STATE["files_b"] = hub_revision(host, REVISION_B)
     assert STATE["commit_b"] != STATE["commit_a"]
     host.check_output(f"curl -sf -X POST -d '{{\"glob\": \"*.safetensors\", \"times\": 1000}}' {HUB}/_control/corrupt")
     try:
-        result = step(host, "05-corrupt-b", {"vllm_node_extra_models": with_revision(REVISION_B)}, expect_rc=1)
+        result = step(host, "04-corrupt-b", {"vllm_node_extra_models": with_revision(REVISION_B)}, expect_rc=1)
     finally:
         host.check_output(f"curl -sf -X POST {HUB}/_control/reset")
-    assert_restarts("05-corrupt-b", result, 0)
+    assert_restarts("04-corrupt-b", result, 0)
     assert STATE["commit_a"] in served_model(host)["root"]
     assert completion(host) == STATE["completion_a"]
-    measured("05-corrupt-b", result)
+    measured("04-corrupt-b", result)
 
 
 @needs_revisions
-def test_06_revision_b(host):
-    # The corrupted files of step 05 are still in B's directory: model_download refuses them until told to delete
+def test_05_revision_b(host):
+    # The corrupted files of step 04 are still in B's directory: model_download refuses them until told to delete
     # and fetch them again, as its message says (model_download_repair, for this run only).
-    result = step(host, "06-revision-b", {"vllm_node_extra_models": with_revision(REVISION_B)},
+    result = step(host, "05-revision-b", {"vllm_node_extra_models": with_revision(REVISION_B)},
                   once={"model_download_repair": True})
-    assert_restarts("06-revision-b", result, 1)
+    assert_restarts("05-revision-b", result, 1)
     root = served_model(host)["root"]
     assert STATE["commit_b"] in root and STATE["commit_a"] not in root, root
     on_disk = {path: host.check_output(f"sha256sum {shlex.quote(root + '/' + path)}").split()[0]
@@ -294,46 +287,46 @@ def test_06_revision_b(host):
     assert on_disk == STATE["files_b"], "the served directory does not hold revision B's weights"
     text = completion(host)
     assert text != STATE["completion_a"], "the same greedy completion as revision A: A's weights are still loaded"
-    measured("06-revision-b", result, root=root, completion=text)
+    measured("05-revision-b", result, root=root, completion=text)
 
 
-def test_07_max_model_len(host):
+def test_06_max_model_len(host):
     before = served_model(host)["max_model_len"]
-    result = step(host, "07-max-model-len", {"vllm_node_max_model_len": before // 2})
-    assert_restarts("07-max-model-len", result, 1)
+    result = step(host, "06-max-model-len", {"vllm_node_max_model_len": before // 2})
+    assert_restarts("06-max-model-len", result, 1)
     assert served_model(host)["max_model_len"] == before // 2
-    measured("07-max-model-len", result, max_model_len=[before, before // 2])
+    measured("06-max-model-len", result, max_model_len=[before, before // 2])
 
 
-def test_08_api_key_rotation(host):
-    result = step(host, "08-api-key", {"vllm_node_api_key": KEY_2})
-    assert_restarts("08-api-key", result, 1)
+def test_07_api_key_rotation(host):
+    result = step(host, "07-api-key", {"vllm_node_api_key": KEY_2})
+    assert_restarts("07-api-key", result, 1)
     assert curl(host, "/v1/models", KEY_1)[0] == 401
     assert curl(host, "/v1/models", KEY_2)[0] == 200
     assert KEY_2 not in result["output"] and KEY_1 not in result["output"], "a key reached the log"
-    measured("08-api-key", result)
+    measured("07-api-key", result)
 
 
 @needs_fingerprint
-def test_09_back_to_0_31_0(host):
+def test_08_back_to_0_31_0(host):
     record_file = "/opt/vllm/venvs/0.31.0-cpu/vllm-node-build.json"
     built = host.file(record_file).mtime
-    result = step(host, "09-rollback", {"vllm_node_vllm_version": "0.31.0"})
-    assert_restarts("09-rollback", result, 1)
+    result = step(host, "08-rollback", {"vllm_node_vllm_version": "0.31.0"})
+    assert_restarts("08-rollback", result, 1)
     assert served_version(host) == "0.31.0"
     assert host.file("/opt/vllm/current").linked_to == "/opt/vllm/venvs/0.31.0-cpu"
     assert host.file(record_file).mtime == built, "the 0.31.0 venv was rebuilt instead of switched back to"
-    measured("09-rollback", result, version="0.31.0")
+    measured("08-rollback", result, version="0.31.0")
 
 
-def test_10_rerun_and_rebuild_from_the_same_inventory(host):
+def test_09_rerun_and_rebuild_from_the_same_inventory(host):
     """The final inventory once more on day2-node (0 restarts, changed=0) and, in the same run, on day2-rebuild, a
     fresh node (the rebuild after a disk failure; test_manifest_reproduces.py compares the two manifests)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "final-extra-vars.json").write_text(json.dumps(STATE["vars"], indent=2) + "\n")
-    result = step(host, "10-rerun-rebuild", {}, limit=f"{NODE},{REBUILD}")
-    assert_restarts("10-rerun-rebuild", result, 0)
+    result = step(host, "09-rerun-rebuild", {}, limit=f"{NODE},{REBUILD}")
+    assert_restarts("09-rerun-rebuild", result, 0)
     assert result["recap"]["changed"] == 0
     rebuild = recap(result["output"], REBUILD)
     assert rebuild["failed"] == 0 and rebuild["ok"] > 0, rebuild
-    measured("10-rerun-rebuild", result, rebuild_recap=rebuild)
+    measured("09-rerun-rebuild", result, rebuild_recap=rebuild)

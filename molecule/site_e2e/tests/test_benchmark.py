@@ -1,25 +1,21 @@
 """The inference check's serving benchmark on the converged node (testinfra, run by `molecule verify`).
 
-The check JSON of the converge (and of the idempotence and check runs, which reuse the figures measured since the
-service started) carries vLLM's `vllm bench serve` figures at concurrency 1 and the planned concurrency, with 0
-failed requests, its latency page beside it, and the verdict against the catalog band for the tiny model on the
-CPU. One real run of the check against an impossible band (2 prompts, concurrency 1) fails with the numbers and
-does not replace the node's last passing result. Runs before test_site.py (file order), on the tiny-llama node.
+The check JSON of the converge (and of the re-run and check-mode run in conftest.py, which reuse the figures
+measured since the service started) carries vLLM's `vllm bench serve` figures at concurrency 1 and the planned
+concurrency, with 0 failed requests, its latency page beside it, and the verdict against the catalog band for the
+tiny model on the CPU. One real run of the check against an impossible band (2 prompts, concurrency 1) fails with
+the numbers and does not replace the node's last passing result. Runs before test_site.py (file order), on the
+tiny-llama node.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import time
-from pathlib import Path
 
 from measurements import record
+from node_runs import HOST, PROJECT, playbook
 
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 ARTIFACTS = PROJECT / "artifacts"
-HOST = "site_e2e-bookworm"
 STATE = "/var/lib/vllm-node/benchmark-last.json"
 FIGURES = ("output_tps", "per_user_tps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
            "itl_ms_p50", "itl_ms_p99")
@@ -33,14 +29,7 @@ def report() -> dict:
 
 def verify(*extra: str) -> tuple[int, str, float]:
     """playbooks/verify.yml against the molecule inventory; (rc, output, seconds)."""
-    inventory = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
-               ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"), ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
-               ANSIBLE_FORCE_COLOR="0")
-    start = time.monotonic()
-    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks/verify.yml"), *extra],
-                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=900, check=False)
-    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+    return playbook(PROJECT / "playbooks/verify.yml", *extra, timeout=900)
 
 
 def test_the_check_json_carries_the_benchmark_and_its_band_verdict(host):

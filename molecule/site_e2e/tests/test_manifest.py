@@ -5,16 +5,13 @@ the files' hashes those on disk, no secret, and only the facts other issue-10 pi
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-from pathlib import Path
+
+from node_runs import HOST, PROJECT
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import node_manifest as nm
 
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 ARTIFACTS = PROJECT / "artifacts"
-HOST = "site_e2e-bookworm"
 MANIFEST = "/etc/vllm-node/manifest.json"
 KEY_FILE = "/etc/vllm/api-key"
 
@@ -85,17 +82,11 @@ def task_results(output: str, task: str) -> list[str]:
     return results
 
 
-def test_check_mode_on_the_converged_node_changes_no_manifest(host):
+def test_check_mode_on_the_converged_node_changes_no_manifest(host, converged_reruns):
+    """The check-mode run (conftest.py) left both manifest copies "ok" and the node's manifest as it was."""
     text, _ = node_manifest(host)
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
-               ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"), ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
-               ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-    inventory = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
-    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), str(PROJECT / "playbooks/site.yml"), "--check",
-                           "--diff"], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=2400,
-                          check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    out = converged_reruns["check"]["out"]
+    assert converged_reruns["check"]["rc"] == 0, out[-4000:]
     for task in ("node_manifest : Write the manifest on the node", "node_manifest : Write the controller copy"):
         assert task_results(out, task) == ["ok"], (task, out[-4000:])
     assert "not written" not in out

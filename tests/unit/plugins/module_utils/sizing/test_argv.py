@@ -41,8 +41,24 @@ def test_cpu_demo_command_is_the_one_the_unit_ran(cpu_plan: dict[str, Any]) -> N
     assert service["environment"] == {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENGINE_READY_TIMEOUT_S": "600"}
     # 819,840 bytes load in well under a second: vLLM's own 600 s for the engine, + 600 s of API-server imports.
     assert service["start_timeout"] == cpu_plan["startup"]["unit_start_timeout_seconds"] == 1200
-    assert set(service) == {"argv", "environment", "start_timeout", "fingerprint", "listen_address", "port"}
+    assert set(service) == {"argv", "environment", "start_timeout", "stop_timeout", "fingerprint", "listen_address",
+                            "port"}
     assert (service["listen_address"], service["port"]) == ("0.0.0.0", 8000)
+
+
+def test_the_graceful_shutdown_is_in_the_command_and_the_stop_timeout_follows(cpu_plan: dict[str, Any]) -> None:
+    """--shutdown-timeout N after the planned flags, before the user's extras; systemd waits N + 30 s; 0 = no flag."""
+    base = {"model_dir": "/m", "extra_args": ["--enable-prefix-caching"]}
+    graceful = sizing.service(cpu_plan, shutdown_timeout=45, **base)
+    assert graceful["argv"][-3:] == ["--shutdown-timeout", "45", "--enable-prefix-caching"]
+    assert graceful["stop_timeout"] == 75
+    abrupt = sizing.service(cpu_plan, shutdown_timeout=0, **base)
+    assert "--shutdown-timeout" not in abrupt["argv"] and abrupt["stop_timeout"] == 30
+    assert abrupt["fingerprint"] != graceful["fingerprint"]
+    with pytest.raises(sizing.SizingError, match="preflight_shutdown_timeout"):
+        sizing.service(cpu_plan, model_dir="/m", extra_args=["--shutdown-timeout=5"])
+    with pytest.raises(sizing.SizingError, match="shutdown_timeout is -1"):
+        sizing.service(cpu_plan, model_dir="/m", shutdown_timeout=-1)
 
 
 def test_cpu_pipeline_stages_run_the_compiled_path(cpu_plan: dict[str, Any]) -> None:
