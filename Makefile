@@ -14,8 +14,9 @@ MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env m
 # offline: has not yet passed a whole `molecule test` (its converge from the bundle with no egress passed, inference
 # check included; idempotence and its tests have not run yet); add it to MOLECULE_SCENARIOS once it has.
 # fleet: playbooks/rollout.yml on two nodes + a gateway (four containers, two vLLM venvs per node, three rollouts
-# under a client loop): kept out of `make test` for the CI budget (a cold run is already over 60 minutes); it has not
-# run yet.
+# under a client loop): kept out of `make test` for the CI budget (a cold run is already over 60 minutes), and it has
+# not passed: converge (470 s) and its first two tests passed, the first rollout stops in its check-mode play
+# (roles/rollout/README.md, "Known defect"); no whole `molecule test` has run.
 MOLECULE_NOT_IN_TEST := cluster offline fleet
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The three vLLM scenarios
