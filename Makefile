@@ -14,7 +14,7 @@ MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals vllm_env m
 # offline: has not yet passed a whole `molecule test` (its converge from the bundle with no egress passed, inference
 # check included; idempotence and its tests have not run yet); add it to MOLECULE_SCENARIOS once it has.
 # fleet: playbooks/rollout.yml on two nodes + a gateway (four containers, two vLLM venvs per node, three rollouts
-# under a client loop): kept out of `make test` for the CI budget (a cold run is already over 60 minutes), and it has
+# under a client loop): kept out of `make test` for the CI budget (the cold run is 56 min without it), and it has
 # not passed: converge (470 s) and its first two tests passed, the first rollout stops in its check-mode play
 # (roles/rollout/README.md, "Known defect"); no whole `molecule test` has run.
 MOLECULE_NOT_IN_TEST := cluster offline fleet
