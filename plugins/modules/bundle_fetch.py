@@ -106,6 +106,7 @@ SIGNED = ("apt/Release", "apt/InRelease", "apt/Release.gpg", KEYRING)
 SIGNING_FIX = ("rebuild the bundle with make bundle (it signs with the controller's bundle key, or an operator's "
                "with --signing-key), or set offline_bundle_apt_signing_key (vllm_node_bundle_signing_key) to the "
                "fingerprint of the key that signs your bundles, as make bundle prints it")
+CHANGED_FIX = "the bundle was changed after make bundle signed it: build it again with make bundle and serve that"
 
 
 def sha256_file(path: str) -> str:
@@ -185,10 +186,9 @@ def signature_problem(manifest: dict[str, Any], pinned: str,
     for signed in (["apt/InRelease"], ["apt/Release.gpg", "apt/Release"]):
         found = verify(KEYRING, signed)
         if not found:
-            return "", (f"{signed[0]}: no good signature by the key in {KEYRING} (gpgv); the repository was changed "
-                        f"after it was signed; {SIGNING_FIX}")
+            return "", f"{signed[0]}: no good signature by the key in {KEYRING} (gpgv); {CHANGED_FIX}"
         if found[0] != declared:
-            return "", (f"{signed[0]}: signed by key {found[0]}, the manifest names {declared}; {SIGNING_FIX}")
+            return "", f"{signed[0]}: signed by key {found[0]}, the manifest names {declared}; {CHANGED_FIX}"
     return declared, None
 
 
@@ -285,7 +285,9 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         module.fail_json(msg=f"bundle_fetch: downloading {rel} from {url} failed: {exc}; nothing was changed")
     problems = [p for rel in todo if (p := file_problem(os.path.join(staging, rel), rel, manifest["files"][rel]))]
     if not problems and (problem := signatures(staged=True)):
-        problems.append(problem)
+        shutil.rmtree(dest if created_dest else staging, ignore_errors=True)
+        module.fail_json(msg=f"bundle_fetch: refused {url} before use, its apt signatures do not hold (nothing on the "
+                             f"node was changed): {problem}", problems=[problem])
     if problems:
         shutil.rmtree(dest if created_dest else staging, ignore_errors=True)
         module.fail_json(msg=f"bundle_fetch: refused {url} before use, these files differ from its manifest "

@@ -169,6 +169,7 @@ def test_sign_once_then_current_then_refused_when_tampered(tmp_path: Path, homes
     (apt / "InRelease").write_text(clear.replace("Origin: vllm-node bundle", "Origin: vllm-node bundlf"))
     _, problem = _node_check(root)
     assert problem is not None and problem.startswith("apt/InRelease: no good signature by the key in")
+    assert problem.endswith(bundle_fetch.CHANGED_FIX)
     # build() signs the current Release again
     assert sign_release(apt, key) is True
     assert _node_check(root) == (key.fingerprint, None)
