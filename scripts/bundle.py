@@ -3,6 +3,7 @@
 
     python scripts/bundle.py build [--lock LOCK] [--repo ORG/NAME --revision REV --hf-endpoint URL]
                                    [--apt-image IMAGE --apt-packages P,Q] [--wheelhouse DIR] [--out DIR]
+                                   [--signing-key KEYID] [--signing-home GNUPGHOME]
     python scripts/bundle.py verify BUNDLE_DIR
 
 The plan is what the node needs: the pinned lock (its sha256), the model repo at its resolved commit, the target OS
@@ -15,13 +16,22 @@ the bundle directory OUT/<plan hash[:16]>/:
                                    run's wheelhouse (make wheelhouse) and checked against the lock's hashes
     model/<org>/<name>/<commit>/   `hf download --revision <commit>` from the configured endpoint, with SHA256SUMS
     apt/                           the packages' closure missing from a clean container of the target OS
-                                   (`apt-get install --download-only`), a flat repository: Packages, Release
-    manifest.json                  every file above with its sha256 and size, and the plan hash; written last
+                                   (`apt-get install --download-only`), a flat repository: Packages, Release,
+                                   InRelease (clear-signed) and Release.gpg (detached), and signing-key.gpg, the
+                                   signing key's public key (binary keyring, `gpg --export`)
+    manifest.json                  every file above with its sha256 and size, the plan hash and the signing key's
+                                   fingerprint (apt_signing_key); written last
 
-manifest.json's own sha256 is the bundle id. The apt index is NOT signed (no key is managed here): the node reads
-it with [trusted=yes] only after every file, Packages and the .debs included, matched manifest.json.
+manifest.json's own sha256 is the bundle id. The apt index is signed with the bundle signing key: by default one
+generated once per controller, without passphrase, in the dedicated GnuPG home .cache/bundle-signing/gnupg (ed25519,
+`gpg --batch --quick-gen-key`) and reused by every later build; or an operator's key (--signing-key KEYID, from
+--signing-home DIR or $GNUPGHOME; --signing-home alone: its only secret key; environment VLLM_NODE_BUNDLE_SIGNING_KEY
+and VLLM_NODE_BUNDLE_SIGNING_HOME). The node checks every file against manifest.json, then the signature with gpgv
+(and the fingerprint against offline_bundle_apt_signing_key when pinned), and its apt reads the repository with
+[signed-by=<the bundle's keyring>], so apt checks the signature too.
 Resumable: each part is skipped when its files are present and match (wheels: the lock's hashes; model: its
-SHA256SUMS; apt: its Packages); a second build downloads nothing and says so ("downloaded 0 files").
+SHA256SUMS; apt: its Packages; the signature: InRelease and Release.gpg verify with the key over the same Release);
+a second build downloads nothing, signs nothing and says so ("downloaded 0 files").
 `verify` checks every file of a bundle against manifest.json and names each one that differs, is missing or is
 not listed (exit 1).
 """
@@ -29,17 +39,22 @@ not listed (exit 1).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import email.utils
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +69,9 @@ DEFAULT_OUT = ROOT / ".cache" / "bundle"
 # recommends). The driver role's packages come from the NVIDIA repository, which this builder does not mirror.
 DEFAULT_APT_PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev", "libnuma1")
 MANIFEST = "manifest.json"
+# The controller's bundle signing key (generated once, no passphrase): a dedicated GnuPG home, never the user's.
+DEFAULT_SIGNING_HOME = ROOT / ".cache" / "bundle-signing" / "gnupg"
+KEYRING = "signing-key.gpg"  # in apt/: the public key, a binary keyring apt's signed-by and gpgv read
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
@@ -71,12 +89,17 @@ def plan_hash(plan: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(plan, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def manifest_for(root: Path, plan: dict[str, Any]) -> dict[str, Any]:
-    """The manifest of every regular file under `root` (manifest.json aside): relative path -> sha256 and size."""
+def manifest_for(root: Path, plan: dict[str, Any], signing_key: str = "") -> dict[str, Any]:
+    """The manifest of every regular file under `root` (manifest.json aside): relative path -> sha256 and size; with
+    the fingerprint of the key that signed apt/ (not part of the plan: the same plan signed by another key is the
+    same bundle directory)."""
     files = {}
     for path in sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST):
         files[path.relative_to(root).as_posix()] = {"sha256": sha256_file(path), "size": path.stat().st_size}
-    return {"format": 1, "plan_sha256": plan_hash(plan), "plan": plan, "files": files}
+    manifest = {"format": 1, "plan_sha256": plan_hash(plan), "plan": plan, "files": files}
+    if signing_key:
+        manifest["apt_signing_key"] = signing_key
+    return manifest
 
 
 def verify_bundle(root: Path, manifest: dict[str, Any]) -> list[str]:
@@ -246,6 +269,129 @@ def build_apt(bundle: Path, image: str, packages: list[str]) -> int:
     return len({p.name for p in pool.glob("*.deb")} - before)
 
 
+@dataclass(frozen=True)
+class SigningKey:
+    """A secret key that signs the apt repository: its GnuPG home and its primary key's fingerprint."""
+
+    home: Path
+    fingerprint: str
+
+
+def gpg(home: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """Run gpg in batch mode on the GnuPG home `home`; raise with gpg's message on failure."""
+    proc = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--yes", *args], capture_output=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"bundle: gpg {' '.join(args)} failed (GnuPG home {home}): "
+                         f"{proc.stderr.decode(errors='replace').strip()}")
+    return proc
+
+
+def primary_fingerprints(colons: str, record: str = "sec") -> list[str]:
+    """The fingerprints of the primary keys in `gpg --with-colons` output (the fpr line after each `record` line)."""
+    found, expect = [], False
+    for line in colons.splitlines():
+        fields = line.split(":")
+        if fields[0] == record:
+            expect = True
+        elif fields[0] == "fpr" and expect:
+            found.append(fields[9])
+            expect = False
+        elif fields[0] in ("sub", "ssb"):
+            expect = False
+    return found
+
+
+def validsig_fingerprints(status: str) -> list[str]:
+    """The primary key fingerprint of each good signature in gpgv's --status-fd output (VALIDSIG's last field)."""
+    return [line.split()[-1].upper() for line in status.splitlines() if line.startswith("[GNUPG:] VALIDSIG ")]
+
+
+@contextlib.contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created) for the block: two builds at once generate one key."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def generate_key(home: Path) -> None:
+    """A new ed25519 signing key without passphrase and without expiry in the GnuPG home `home` (created 0700)."""
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    home.chmod(0o700)
+    gpg(home, "--passphrase", "", "--pinentry-mode", "loopback", "--quick-gen-key",
+        f"vllm-node bundle signing key ({socket.gethostname()}) <bundle-signing@vllm-node.invalid>",
+        "ed25519", "sign", "never")
+
+
+def signing_key(home: Path | None, key_id: str | None) -> SigningKey:
+    """The key that signs: KEY_ID's (one secret key) in `home` or $GNUPGHOME or ~/.gnupg; `home`'s only secret key;
+    or, with neither, the controller's key in DEFAULT_SIGNING_HOME, generated on first use."""
+    if shutil.which("gpg") is None:
+        raise SystemExit("bundle: gpg is missing; it signs the apt repository (apt-get install gnupg, "
+                         "or scripts/ensure-docker.sh as root)")
+    if home is None and not key_id:
+        home = DEFAULT_SIGNING_HOME
+        with locked(home.parent / "lock"):
+            if not (home / "pubring.kbx").is_file() or not primary_fingerprints(
+                    gpg(home, "--with-colons", "--list-secret-keys").stdout.decode()):
+                generate_key(home)
+    home = home or Path(os.environ.get("GNUPGHOME") or Path.home() / ".gnupg")
+    query = [key_id] if key_id else []
+    colons = subprocess.run(["gpg", "--homedir", str(home), "--batch", "--with-colons", "--list-secret-keys", *query],
+                            capture_output=True, text=True, check=False).stdout
+    found = primary_fingerprints(colons)
+    if len(found) != 1:
+        raise SystemExit(f"bundle: {len(found)} secret keys match {key_id or 'any key'} in the GnuPG home {home}; "
+                         "name exactly one with --signing-key (fingerprint), or omit --signing-key and "
+                         "--signing-home to use this controller's bundle key (.cache/bundle-signing)")
+    return SigningKey(home, found[0].upper())
+
+
+def stop_agent(home: Path) -> None:
+    """Stop the gpg-agent gpg started for the GnuPG home `home` (none is left running after a build)."""
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], check=False, capture_output=True)
+
+
+def gpgv_verify(keyring: Path, *files: Path) -> tuple[list[str], bytes]:
+    """gpgv with only `keyring`: the fingerprints of the good signatures and the signed text (clear-signed file)."""
+    with tempfile.TemporaryDirectory(prefix="bundle-gpgv-") as tmp:
+        output = Path(tmp) / "signed"
+        args = ["--output", str(output)] if len(files) == 1 else []
+        proc = subprocess.run(["gpgv", "--homedir", tmp, "--status-fd", "1", "--keyring", str(keyring.resolve()),
+                               *args, *map(str, files)], capture_output=True, text=True, check=False)
+        text = output.read_bytes() if output.is_file() else b""
+    return (validsig_fingerprints(proc.stdout) if proc.returncode == 0 else []), text
+
+
+def signature_current(apt: Path, key: SigningKey, public: bytes) -> bool:
+    """Whether apt/ holds `key`'s public key and InRelease and Release.gpg signed by it over the current Release."""
+    keyring, release = apt / KEYRING, apt / "Release"
+    if not all(p.is_file() for p in (keyring, release, apt / "InRelease", apt / "Release.gpg")):
+        return False
+    if keyring.read_bytes() != public:
+        return False
+    clear, text = gpgv_verify(keyring, apt / "InRelease")
+    detached, _ = gpgv_verify(keyring, apt / "Release.gpg", release)
+    return clear == [key.fingerprint] and detached == [key.fingerprint] and text == release.read_bytes()
+
+
+def sign_release(apt: Path, key: SigningKey) -> bool:
+    """Sign apt/Release (InRelease, Release.gpg) and export the public key to apt/signing-key.gpg, unless they are
+    current already; returns whether it signed now."""
+    public = gpg(key.home, "--export", "--export-options", "export-minimal", key.fingerprint).stdout
+    if signature_current(apt, key, public):
+        return False
+    release = str(apt / "Release")
+    common = ["--local-user", key.fingerprint, "--digest-algo", "SHA512"]
+    gpg(key.home, *common, "--clearsign", "--output", str(apt / "InRelease"), release)
+    gpg(key.home, *common, "--armor", "--detach-sign", "--output", str(apt / "Release.gpg"), release)
+    (apt / KEYRING).write_bytes(public)
+    if not signature_current(apt, key, public):
+        raise SystemExit(f"bundle: the signature just made in {apt} does not verify with gpgv and {KEYRING}")
+    return True
+
+
 def read_uv_version() -> str:
     """vllm_env_uv_version from the vllm_env role's defaults (the uv the node installs)."""
     text = (ROOT / "roles" / "vllm_env" / "defaults" / "main.yml").read_text()
@@ -272,15 +418,22 @@ def build(args: argparse.Namespace) -> Path:
     bundle.mkdir(parents=True, exist_ok=True)
     (bundle / MANIFEST).unlink(missing_ok=True)  # written last: its presence means complete
     (bundle / "plan.json").write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    key = signing_key(args.signing_home, args.signing_key) if packages else None
     counts = {"wheels linked": build_wheels(bundle, args.lock, args.wheelhouse, plan["uv_version"]),
               "model files downloaded": build_model(bundle, args.hf, args.repo, commit, env),
               "apt packages downloaded": build_apt(bundle, args.apt_image, packages) if packages else 0}
-    manifest = manifest_for(bundle, plan)
+    try:
+        signed = sign_release(bundle / "apt", key) if key else False
+    finally:
+        if key and key.home == DEFAULT_SIGNING_HOME:  # the agent started for the dedicated home; an operator's stays
+            stop_agent(key.home)
+    manifest = manifest_for(bundle, plan, key.fingerprint if key else "")
     (bundle / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     size = sum(entry["size"] for entry in manifest["files"].values())
     print(f"bundle {bundle}: id {sha256_file(bundle / MANIFEST)}, plan {manifest['plan_sha256']}, "
           f"{len(manifest['files'])} files, {size / 1e6:.0f} MB; "
           + ", ".join(f"{k} {v}" for k, v in counts.items())
+          + (f"; apt signed by {key.fingerprint} ({'signed now' if signed else 'signature current'})" if key else "")
           + f"; downloaded {counts['model files downloaded'] + counts['apt packages downloaded']} files"
           + f" in {time.monotonic() - t0:.1f} s")
     return bundle
@@ -301,6 +454,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     b.add_argument("--apt-packages", default=",".join(DEFAULT_APT_PACKAGES),
                    help="comma-separated packages the roles install ('' = no apt part)")
     b.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    home = os.environ.get("VLLM_NODE_BUNDLE_SIGNING_HOME")
+    b.add_argument("--signing-key", default=os.environ.get("VLLM_NODE_BUNDLE_SIGNING_KEY") or None,
+                   help="an operator's secret key (fingerprint) that signs the apt repository; default: this "
+                        "controller's bundle key in .cache/bundle-signing (generated once)")
+    b.add_argument("--signing-home", type=Path, default=Path(home) if home else None,
+                   help="the GnuPG home holding --signing-key (default $GNUPGHOME or ~/.gnupg); alone: its only key")
     v = sub.add_parser("verify", help="check every file of a bundle against its manifest.json")
     v.add_argument("bundle", type=Path)
     return parser.parse_args(argv)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Make sure a Docker engine answers and debootstrap and gpg exist (the molecule scenarios and `make demo` need them).
+# Make sure a Docker engine answers and debootstrap and gpg exist (the molecule scenarios, `make demo`, `make bundle`
+# and the bundle signing tests need them).
 # On Debian/Ubuntu as root: install Debian's docker.io + debootstrap when missing and start dockerd in the
 # background. Elsewhere: stop and print the exact commands to run.
 set -euo pipefail
@@ -28,7 +29,8 @@ find_dockerd() { PATH="$PATH:$SBIN_DIRS" command -v dockerd || true; }
 missing=()
 [ -n "$(find_dockerd)" ] || missing+=(docker.io)
 command -v debootstrap >/dev/null || missing+=(debootstrap)
-# The driver scenario signs its stand-in NVIDIA apt repository with a throwaway key.
+# The driver scenario signs its stand-in NVIDIA apt repository with a throwaway key; make bundle signs the bundle's
+# apt repository (scripts/bundle.py); the unit tests sign and check with gpg/gpgv.
 command -v gpg >/dev/null || missing+=(gnupg)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "ensure-docker: installing ${missing[*]}"

@@ -13,6 +13,10 @@ description:
     directory and each is checked against the manifest's sha256 and size.
   - When any file differs the module fails naming every such file, removes what it staged and leaves the node as it
     was (a C(dest) it created is removed again). Only when every file matched are the staged files moved into place.
+  - A bundle with an apt repository must carry it signed (C(apt/InRelease), C(apt/Release.gpg) and the public key
+    C(apt/signing-key.gpg)); both signatures are checked with C(gpgv) and that key alone before anything is moved into
+    place, and must be by the key the manifest names (C(apt_signing_key)). With O(apt_signing_key) that key must be
+    the pinned one too; a manifest naming another key is refused before anything is downloaded.
 options:
   url:
     description: The bundle's base URL (C(http://), C(https://), C(file://)) or an absolute directory on the node.
@@ -24,6 +28,12 @@ options:
     required: true
   bundle_id:
     description: The expected sha256 of C(manifest.json) (printed by C(make bundle)); empty = not checked.
+    type: str
+    default: ""
+  apt_signing_key:
+    description:
+      - The expected fingerprint of the key that signs the bundle's apt repository (spaces and a C(0x) prefix
+        ignored); empty = the key the bundle carries (its signature is still checked).
     type: str
     default: ""
   timeout:
@@ -61,6 +71,10 @@ files:
   description: The manifest's files, relative path -> {sha256, size}.
   type: dict
   returned: success
+apt_signing_key:
+  description: The fingerprint of the key whose signatures of the apt repository gpgv accepted; empty without apt.
+  type: str
+  returned: success
 fetched:
   description: The files downloaded by this run (relative paths).
   type: list
@@ -77,6 +91,9 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 from urllib.request import urlopen
@@ -84,6 +101,12 @@ from urllib.request import urlopen
 from ansible.module_utils.basic import AnsibleModule
 
 MANIFEST = "manifest.json"
+KEYRING = "apt/signing-key.gpg"
+SIGNED = ("apt/Release", "apt/InRelease", "apt/Release.gpg", KEYRING)
+SIGNING_FIX = ("rebuild the bundle with make bundle (it signs with the controller's bundle key, or an operator's "
+               "with --signing-key), or set offline_bundle_apt_signing_key (vllm_node_bundle_signing_key) to the "
+               "fingerprint of the key that signs your bundles, as make bundle prints it")
+CHANGED_FIX = "the bundle was changed after make bundle signed it: build it again with make bundle and serve that"
 
 
 def sha256_file(path: str) -> str:
@@ -121,6 +144,60 @@ def check_manifest(raw: bytes, bundle_id: str) -> tuple[dict[str, Any], list[str
     problems += [f"{rel}: outside the bundle" for rel in manifest["files"] if not safe_relative(rel)]
     return manifest, problems
 
+
+def normalize_fingerprint(value: str) -> str:
+    """A fingerprint as gpg prints it in status lines: hex, upper case, no spaces, no 0x."""
+    value = "".join(value.split()).upper()
+    return value[2:] if value.startswith("0X") else value
+
+
+def validsig_fingerprints(status: str) -> list[str]:
+    """The primary key fingerprint of each good signature in gpgv's --status-fd output (VALIDSIG's last field)."""
+    return [line.split()[-1].upper() for line in status.splitlines() if line.startswith("[GNUPG:] VALIDSIG ")]
+
+
+def declared_key_problem(manifest: dict[str, Any], pinned: str) -> str | None:
+    """What is wrong with the apt signing the manifest declares, before any file is fetched: an apt repository
+    without its signature files, or (with a pin) signed by another key than the pinned one."""
+    files = manifest["files"]
+    if not any(rel.startswith("apt/") for rel in files):
+        return None
+    missing = [rel for rel in SIGNED if rel not in files]
+    if missing:
+        return (f"{missing[0]}: the bundle's apt repository is not signed (no {', '.join(missing)} in its manifest); "
+                f"{SIGNING_FIX}")
+    declared = normalize_fingerprint(str(manifest.get("apt_signing_key", "")))
+    if pinned and declared != normalize_fingerprint(pinned):
+        return (f"apt/InRelease: signed by key {declared or '(none named)'}, offline_bundle_apt_signing_key pins "
+                f"{normalize_fingerprint(pinned)}; {SIGNING_FIX}")
+    return None
+
+
+def signature_problem(manifest: dict[str, Any], pinned: str,
+                      verify: Callable[[str, list[str]], list[str]]) -> tuple[str, str | None]:
+    """The fingerprint gpgv accepted for the apt repository, and what is wrong with its signatures. `verify(keyring
+    rel, [signed rel(s)])` returns the fingerprints of the good signatures (gpgv with that keyring alone)."""
+    if not any(rel.startswith("apt/") for rel in manifest["files"]):
+        return "", None
+    problem = declared_key_problem(manifest, pinned)
+    if problem:
+        return "", problem
+    declared = normalize_fingerprint(str(manifest["apt_signing_key"]))
+    for signed in (["apt/InRelease"], ["apt/Release.gpg", "apt/Release"]):
+        found = verify(KEYRING, signed)
+        if not found:
+            return "", f"{signed[0]}: no good signature by the key in {KEYRING} (gpgv); {CHANGED_FIX}"
+        if found[0] != declared:
+            return "", f"{signed[0]}: signed by key {found[0]}, the manifest names {declared}; {CHANGED_FIX}"
+    return declared, None
+
+
+def gpgv_fingerprints(gpgv: str, keyring: str, files: list[str]) -> list[str]:
+    """Run gpgv on `files` with `keyring` alone (an empty home of its own); the good signatures' fingerprints."""
+    with tempfile.TemporaryDirectory(prefix="bundle-gpgv-") as home:
+        proc = subprocess.run([gpgv, "--homedir", home, "--status-fd", "1", "--keyring", keyring, *files],
+                              capture_output=True, text=True, check=False)
+    return validsig_fingerprints(proc.stdout) if proc.returncode == 0 else []
 
 def file_problem(path: str, rel: str, entry: dict[str, Any]) -> str | None:
     """Why the file at `path` is not the manifest's `rel`, or None when it is."""
@@ -161,16 +238,39 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         module.fail_json(msg=f"bundle_fetch: cannot read {url}/{MANIFEST}: {exc}. Check vllm_node_bundle_url and "
                              "that the bundle server is reachable from the node.")
     manifest, problems = check_manifest(raw, module.params["bundle_id"])
+    pinned = module.params["apt_signing_key"]
+    if not problems and (problem := declared_key_problem(manifest, pinned)):
+        problems.append(problem)
     if problems:
-        module.fail_json(msg="bundle_fetch: refused the bundle's manifest: " + "; ".join(problems), problems=problems)
+        module.fail_json(msg="bundle_fetch: refused the bundle's manifest (nothing was downloaded or changed): "
+                             + "; ".join(problems), problems=problems)
     plan_sha = manifest["plan_sha256"]
     target = os.path.join(dest, plan_sha[:16])
     staging = os.path.join(dest, f".staging-{plan_sha[:16]}")
     todo = [rel for rel, entry in sorted(manifest["files"].items())
             if file_problem(os.path.join(target, rel), rel, entry) is not None]
     result: dict[str, Any] = {"dir": target, "plan": manifest.get("plan", {}), "plan_sha256": plan_sha,
-                              "files": manifest["files"], "fetched": todo, "changed": bool(todo)}
+                              "files": manifest["files"], "fetched": todo, "changed": bool(todo),
+                              "apt_signing_key": ""}
+
+    def signatures(staged: bool) -> str | None:
+        """Check the apt signatures of the files as they will be (staged ones from staging); the problem or None."""
+        gpgv = module.get_bin_path("gpgv")
+        if gpgv is None and any(rel.startswith("apt/") for rel in manifest["files"]):
+            return "apt/InRelease: gpgv is missing on the node (apt needs it too: apt-get install gpgv)"
+
+        def path(rel: str) -> str:
+            return os.path.join(staging if staged and rel in todo else target, rel)
+
+        key, problem = signature_problem(manifest, pinned, lambda keyring, files: gpgv_fingerprints(
+            str(gpgv), path(keyring), [path(rel) for rel in files]))
+        result["apt_signing_key"] = key
+        return problem
+
     if not todo and os.path.isfile(os.path.join(target, MANIFEST)):
+        if problem := signatures(staged=False):
+            module.fail_json(msg=f"bundle_fetch: refused {url} before use (nothing on the node was changed): {problem}",
+                             problems=[problem])
         return result
     if module.check_mode:
         result["changed"] = True
@@ -184,6 +284,10 @@ def run(module: AnsibleModule) -> dict[str, Any]:
         shutil.rmtree(dest if created_dest else staging, ignore_errors=True)
         module.fail_json(msg=f"bundle_fetch: downloading {rel} from {url} failed: {exc}; nothing was changed")
     problems = [p for rel in todo if (p := file_problem(os.path.join(staging, rel), rel, manifest["files"][rel]))]
+    if not problems and (problem := signatures(staged=True)):
+        shutil.rmtree(dest if created_dest else staging, ignore_errors=True)
+        module.fail_json(msg=f"bundle_fetch: refused {url} before use, its apt signatures do not hold (nothing on the "
+                             f"node was changed): {problem}", problems=[problem])
     if problems:
         shutil.rmtree(dest if created_dest else staging, ignore_errors=True)
         module.fail_json(msg=f"bundle_fetch: refused {url} before use, these files differ from its manifest "
@@ -205,6 +309,7 @@ def main() -> None:
             "url": {"type": "str", "required": True},
             "dest": {"type": "path", "required": True},
             "bundle_id": {"type": "str", "default": ""},
+            "apt_signing_key": {"type": "str", "default": ""},
             "timeout": {"type": "int", "default": 60},
         },
         supports_check_mode=True,
