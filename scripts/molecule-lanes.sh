@@ -15,6 +15,10 @@ jobs=$1; lanes_spec=$2; shift 2
 logdir=artifacts/molecule
 mkdir -p "$logdir"
 : > "$logdir/recap.txt"
+# CPU per container and for the whole machine while the lanes run (2 cores: the run is bound by CPU); the table ends
+# the recap. The sampler reads cgroup counters every 15 s and stops with the lanes.
+: > "$logdir/cpu-samples.jsonl"
+python3 "$(dirname "$0")/cpu_account.py" sample "$logdir/cpu-samples.jsonl" & sampler=$!
 
 run_one() {
   local s=$1 t0=$SECONDS rc
@@ -33,6 +37,8 @@ run_one() {
 # failed one, the lines that say why.
 recap() {
   local s secs rc
+  kill "$sampler" 2>/dev/null && wait "$sampler" 2>/dev/null
+  python3 "$(dirname "$0")/cpu_account.py" report "$logdir/cpu-samples.jsonl" | tee "$logdir/cpu-account.txt"
   echo "== molecule recap (scenario, seconds, exit)"
   while read -r s secs rc; do
     echo "   $s $secs s exit $rc"

@@ -5,7 +5,7 @@ The sequence (the tests below, in file order; each starts from the state the one
   converge on vLLM 0.31.0 -> 0.32.0 (1 restart, /version 0.32.0)
   -> a broken new venv (smoke import fails: 0 restarts, 0.32.0 still serving)
   -> revision B with a corrupted shard (0 restarts, A still serving) -> revision B (1 restart, B served)
-  -> max-model-len 4096 -> 2048 (1 restart) -> API key rotation (1 restart; old key 401, new key 200)
+  -> max-model-len 4096 -> 2048 and API key rotation in one run (1 restart; 2048 served, old key 401, new key 200)
   -> back to 0.31.0 (1 restart, /version 0.31.0) -> rerun (0 restarts, changed=0), in the same run as the
      rebuild: day2-rebuild, a fresh node, converged from the same final inventory (its manifest is compared with
      day2-node's by test_manifest_reproduces.py, which runs after this file).
@@ -51,7 +51,7 @@ testinfra_hosts = [f"ansible://{NODE}"]
 
 # What the steps pass on to the next ones: the extra vars in force, A's completion, the revisions' commits.
 # The gateway and the serving benchmark are proven by site_e2e; here they would only add an apt install, a proxy
-# reload and a benchmark per restart (seven) to the longest lane of `make test`, so the sequence runs without them.
+# reload and a benchmark per restart (six) to the longest lane of `make test`, so the sequence runs without them.
 STATE: dict[str, Any] = {"vars": {"vllm_node_vllm_version": "0.31.0", "vllm_node_api_key": KEY_1,
                                   "vllm_node_gateway": False, "inference_check_benchmark": False}}
 
@@ -87,9 +87,10 @@ def record(step: str, **values: Any) -> None:
     print(f"MEASURED {step}: {json.dumps(values)}")
 
 
-def site(step: str, extra_vars: dict[str, Any], *options: str, limit: str = NODE,
-         timeout: int = 3600) -> tuple[int, str, float]:
-    """Run playbooks/site.yml on `limit` with these extra vars; (rc, output, seconds). The output is kept."""
+def site(step: str, extra_vars: dict[str, Any], *options: str, limit: str = NODE, timeout: int = 3600,
+         playbook: str = "playbooks/site.yml") -> tuple[int, str, float]:
+    """Run playbooks/site.yml (or `playbook`) on `limit` with these extra vars; (rc, output, seconds). The output is
+    kept."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     vars_file = ARTIFACTS / f"{step}.vars.json"
     vars_file.write_text(json.dumps(extra_vars, indent=2) + "\n")
@@ -101,7 +102,7 @@ def site(step: str, extra_vars: dict[str, Any], *options: str, limit: str = NODE
     start = time.monotonic()
     with log.open("w") as out:  # written as it runs: `tail -f` shows where a long step is
         proc = subprocess.run(
-            ["ansible-playbook", "-i", str(inventory), "playbooks/site.yml", "--limit", limit, "-e", f"@{vars_file}",
+            ["ansible-playbook", "-i", str(inventory), playbook, "--limit", limit, "-e", f"@{vars_file}",
              *options],
             cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False)
     seconds = time.monotonic() - start
@@ -290,43 +291,39 @@ def test_05_revision_b(host):
     measured("05-revision-b", result, root=root, completion=text)
 
 
-def test_06_max_model_len(host):
+def test_06_context_and_key_rotation(host):
+    """Two changes an operator makes together, in one run: half the context and a new API key. One restart (not
+    one per change), the new context served, the old key refused, the new one taken, neither key in the output."""
     before = served_model(host)["max_model_len"]
-    result = step(host, "06-max-model-len", {"vllm_node_max_model_len": before // 2})
-    assert_restarts("06-max-model-len", result, 1)
+    result = step(host, "06-context-and-key", {"vllm_node_max_model_len": before // 2, "vllm_node_api_key": KEY_2})
+    assert_restarts("06-context-and-key", result, 1)
     assert served_model(host)["max_model_len"] == before // 2
-    measured("06-max-model-len", result, max_model_len=[before, before // 2])
-
-
-def test_07_api_key_rotation(host):
-    result = step(host, "07-api-key", {"vllm_node_api_key": KEY_2})
-    assert_restarts("07-api-key", result, 1)
     assert curl(host, "/v1/models", KEY_1)[0] == 401
     assert curl(host, "/v1/models", KEY_2)[0] == 200
     assert KEY_2 not in result["output"] and KEY_1 not in result["output"], "a key reached the log"
-    measured("07-api-key", result)
+    measured("06-context-and-key", result, max_model_len=[before, before // 2])
 
 
 @needs_fingerprint
-def test_08_back_to_0_31_0(host):
+def test_07_back_to_0_31_0(host):
     record_file = "/opt/vllm/venvs/0.31.0-cpu/vllm-node-build.json"
     built = host.file(record_file).mtime
-    result = step(host, "08-rollback", {"vllm_node_vllm_version": "0.31.0"})
-    assert_restarts("08-rollback", result, 1)
+    result = step(host, "07-rollback", {"vllm_node_vllm_version": "0.31.0"})
+    assert_restarts("07-rollback", result, 1)
     assert served_version(host) == "0.31.0"
     assert host.file("/opt/vllm/current").linked_to == "/opt/vllm/venvs/0.31.0-cpu"
     assert host.file(record_file).mtime == built, "the 0.31.0 venv was rebuilt instead of switched back to"
-    measured("08-rollback", result, version="0.31.0")
+    measured("07-rollback", result, version="0.31.0")
 
 
-def test_09_rerun_and_rebuild_from_the_same_inventory(host):
+def test_08_rerun_and_rebuild_from_the_same_inventory(host):
     """The final inventory once more on day2-node (0 restarts, changed=0) and, in the same run, on day2-rebuild, a
     fresh node (the rebuild after a disk failure; test_manifest_reproduces.py compares the two manifests)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "final-extra-vars.json").write_text(json.dumps(STATE["vars"], indent=2) + "\n")
-    result = step(host, "09-rerun-rebuild", {}, limit=f"{NODE},{REBUILD}")
-    assert_restarts("09-rerun-rebuild", result, 0)
+    result = step(host, "08-rerun-rebuild", {}, limit=f"{NODE},{REBUILD}")
+    assert_restarts("08-rerun-rebuild", result, 0)
     assert result["recap"]["changed"] == 0
     rebuild = recap(result["output"], REBUILD)
     assert rebuild["failed"] == 0 and rebuild["ok"] > 0, rebuild
-    measured("09-rerun-rebuild", result, rebuild_recap=rebuild)
+    measured("08-rerun-rebuild", result, rebuild_recap=rebuild)

@@ -285,9 +285,11 @@ def handler_runs(out: str) -> int:
     return out.count("RUNNING HANDLER [vllm_service : Restart vllm]")
 
 
-def test_a_dependency_change_restarts_once_then_never(host):
+def test_a_dependency_change_restarts_once(host):
     """Only a file the process reads changes - a config rule now patches tiny-llama's config.json; the unit, the
-    env file and the plan stay the same: exactly one restart; the same run again: none."""
+    env file and the plan stay the same: exactly one restart. (That a rerun after a change restarts nothing is
+    day2's last step, after a venv switch, and the fingerprint's unit tests; a second run here cost ~190 s of the
+    CI budget.)"""
     rule = {"id": "e2e-drop-pretraining-tp", "description": "e2e: a config patch the process must pick up",
             "when": {"model": "tiny-llama"}, "remove": [{"file": "config.json", "path": ["pretraining_tp"]}]}
     extra = json.dumps({"model_config_extra_rules": [rule]})
@@ -303,13 +305,6 @@ def test_a_dependency_change_restarts_once_then_never(host):
     assert host.check_output(files) == sums                     # nothing but the dependency changed
     assert "pretraining_tp" not in host.file(f"{model_dir()}/config.json").content_string
     assert curl(host, "/v1/models", api_key=key(host))[0] == 200
-    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "-e", extra, *NO_BENCHMARK)
-    assert rc == 0, out[-4000:]
-    record("dependency_rerun", {"seconds": round(seconds, 1), "restarts": handler_runs(out),
-                                "changed": recap_changed(out), "changed_tasks": changed_tasks(out)})
-    assert handler_runs(out) == 0
-    again = unit(host)
-    assert (again["MainPID"], again["ActiveEnterTimestamp"]) == (after["MainPID"], after["ActiveEnterTimestamp"])
 
 
 def test_mla_model_kv_tokens_match(host):
