@@ -36,9 +36,11 @@ def progress_line(host: str, probe: dict) -> str:
     for line in probe.get("progress", [])[-1:] + [probe.get("latest", "")]:
         if line and line not in shown:
             shown.append(line)
+    processes = probe.get("processes") or []
+    cpu = f" [{len(processes)} processes, {sum(p['cpu_seconds'] for p in processes):.0f} CPU-s]" if processes else ""
     return (
         f"{host}: {probe.get('status')} after {probe.get('elapsed')} s "
-        f"({probe.get('active_state')}/{probe.get('sub_state')}): {' | '.join(shown)}"
+        f"({probe.get('active_state')}/{probe.get('sub_state')}){cpu}: {' | '.join(shown)}"
     )
 
 

@@ -133,6 +133,37 @@ fix:
   description: The concrete fix for RV(kv_cache_error), else empty.
   returned: success
   type: str
+processes:
+  description:
+    - While the unit is not healthy, its processes (MainPID and its descendants, read from C(/proc)), so a start
+      that takes long shows whether it is stuck (sleeping, CPU time not growing) or starved (running, CPU time
+      growing slowly); empty when healthy or when there is no MainPID.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    pid:
+      description: Process ID.
+      type: int
+    name:
+      description: The process name (vLLM names its engine core and workers, e.g. C(VLLM::EngineCore)).
+      type: str
+    state:
+      description: The kernel's state letter (R running, S sleeping, D waiting on I/O, Z zombie).
+      type: str
+    cpu_seconds:
+      description: CPU time used so far (user + system).
+      type: float
+    wchan:
+      description: The kernel function a sleeping process waits in, when the kernel shows it.
+      type: str
+    cpus:
+      description: The CPUs the process may run on (C(Cpus_allowed_list)).
+      type: str
+processes_summary:
+  description: RV(processes) as one line, e.g. C(VLLM::Worker 812 running, 301.2 CPU-s, CPUs 0); empty when none.
+  returned: success
+  type: str
 """
 
 import time
@@ -141,7 +172,7 @@ from typing import Optional
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import systemd, vllm_log
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import proc_tree, systemd, vllm_log
 
 PROPERTIES = (
     "ActiveState", "SubState", "MainPID", "NRestarts", "Result", "InactiveExitTimestamp",
@@ -244,7 +275,9 @@ def main() -> None:
         "cause": [],
         "kv_cache_error": None,
         "fix": "",
+        "processes": proc_tree.service_processes(int(state.get("MainPID") or 0)) if status != "healthy" else [],
     }
+    result["processes_summary"] = "; ".join(proc_tree.describe(process) for process in result["processes"])
     if status == "failed":
         result["cause"] = vllm_log.root_cause(lines)
         error = vllm_log.kv_cache_error(lines)

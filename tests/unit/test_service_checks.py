@@ -314,3 +314,16 @@ def test_wait_is_bounded_even_when_the_clock_does_not_move():
 def test_wait_returns_a_failed_probe_as_it_is():
     result, calls, printed = run_wait([{"failed": True, "msg": "systemctl show vllm failed (rc 1): denied"}])
     assert result["failed"] and "denied" in result["msg"] and len(calls) == 1 and printed == []
+
+
+def test_wait_shows_the_processes_cpu_time_while_loading():
+    """A start that takes long: each line says how many processes and how much CPU they used so far, so a stuck
+    start (the sum stops growing) and a starved one (it grows slowly) read differently."""
+    tree = [{"pid": 41, "name": "vllm", "state": "S", "cpu_seconds": 20.0, "wchan": "", "cpus": "0-1"},
+            {"pid": 52, "name": "VLLM::EngineCore", "state": "R", "cpu_seconds": 11.4, "wchan": "", "cpus": "0"}]
+    results = [probe_result("loading", 15, latest="Initializing a V1 LLM engine", processes=tree),
+               probe_result("healthy", 30, active_state="active", sub_state="running", processes=[])]
+    _result, _calls, printed = run_wait(results)
+    assert printed[0] == ("node1: loading after 15 s (activating/start-post) [2 processes, 31 CPU-s]: "
+                          "Initializing a V1 LLM engine")
+    assert printed[1] == "node1: healthy after 30 s (active/running): "
