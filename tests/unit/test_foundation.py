@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,6 +99,16 @@ def test_make_test_covers_every_molecule_scenario_on_disk() -> None:
     left_out = set(excluded.group(1).split())
     assert left_out <= on_disk and not left_out & set(listed.group(1).split()), left_out
     assert on_disk <= set(listed.group(1).split()) | left_out, on_disk - set(listed.group(1).split())
+
+
+@pytest.mark.parametrize("scenario", sorted(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")))
+def test_verifier_options_are_strings_or_flags(scenario: str) -> None:
+    """molecule hands the testinfra verifier's options to shlex as they are: an int (``durations: 20``) passes its
+    schema and then crashes the verify stage with a TypeError, so every value is a string or a boolean flag."""
+    config = yaml.safe_load((REPO / "molecule" / scenario / "molecule.yml").read_text())
+    options = (config.get("verifier") or {}).get("options") or {}
+    wrong = {key: value for key, value in options.items() if not isinstance(value, (str, bool))}
+    assert not wrong, f"molecule/{scenario}/molecule.yml verifier options that are not strings: {wrong}"
 
 
 @pytest.mark.parametrize("script", sorted((REPO / "scripts").glob("*.sh")) + [REPO / ".ci" / "run"])
