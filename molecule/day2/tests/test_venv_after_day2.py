@@ -10,7 +10,6 @@ built but refused at the smoke import (step 03).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any
 
 import yaml
 from test_day2 import ARTIFACTS, NODE, PROJECT, recap, site
+
+from venv_checks import assert_build_record, assert_root_owned_and_read_only
 
 testinfra_hosts = [f"ansible://{NODE}"]
 
@@ -78,17 +79,11 @@ def test_links_after_the_switch_back(host):
 
 
 def test_venvs_are_root_owned_and_read_only_for_the_service(host):
-    for path in (ROOT, f"{ROOT}/venvs", ACTIVE, f"{ACTIVE}/bin/python"):
-        assert host.file(path).user == "root", path
-    denied = host.run(f"cd / && runuser -u vllm -- touch {ACTIVE}/x")
-    assert denied.rc != 0 and "Permission denied" in denied.stderr, denied.stderr
+    assert_root_owned_and_read_only(host, ROOT, ACTIVE)
 
 
 def test_build_record_matches_the_repo_requirements(host):
-    record = json.loads(host.file(f"{ACTIVE}/vllm-node-build.json").content_string)
-    assert record["requirements_sha256"] == hashlib.sha256(LOCK.read_bytes()).hexdigest()
-    assert (record["version"], record["variant"], record["vllm_version"]) == (SERVED, "cpu", SERVED)
-    assert record["python"] == "3.11"
+    assert_build_record(host, ACTIVE, LOCK, SERVED)
 
 
 def test_vllm_imports_as_the_service_user_and_its_console_script_runs(host):

@@ -1,8 +1,9 @@
 """State of a node after the vllm_env scenario (converge, idempotence, side_effect)."""
-import hashlib
 import json
 import re
 from pathlib import Path
+
+from venv_checks import assert_build_record, assert_root_owned_and_read_only
 
 ROOT = "/opt/vllm"
 ACTIVE = f"{ROOT}/venvs/0.32.0-cpu"
@@ -37,18 +38,11 @@ def test_links_point_at_the_rolled_back_venv(host):
 
 
 def test_venvs_are_root_owned_and_read_only_for_the_service(host):
-    for path in (ROOT, f"{ROOT}/venvs", ACTIVE, f"{ACTIVE}/bin/python"):
-        assert host.file(path).user == "root", path
-    denied = host.run(f"cd / && runuser -u vllm -- touch {ACTIVE}/x")
-    assert denied.rc != 0 and "Permission denied" in denied.stderr, denied.stderr
+    assert_root_owned_and_read_only(host, ROOT, ACTIVE)
 
 
 def test_build_record_matches_the_repo_requirements(host):
-    record = json.loads(host.file(f"{ACTIVE}/vllm-node-build.json").content_string)
-    assert record["requirements_sha256"] == hashlib.sha256(LOCK.read_bytes()).hexdigest()
-    assert record["version"] == "0.32.0" and record["variant"] == "cpu"
-    assert record["vllm_version"] == "0.32.0"
-    assert record["python"] == "3.11"
+    assert_build_record(host, ACTIVE, LOCK, "0.32.0")
 
 
 def test_vllm_imports_as_the_service_user(host):
