@@ -7,12 +7,16 @@ controller (ansible-playbook, pytest, lint) take the CPU. This samples both whil
 
     cpu_account.py sample OUT [--every S]   append samples to OUT until killed (SIGTERM/SIGINT)
     cpu_account.py report OUT               CPU-seconds per container (largest first), docker total, machine total
+    cpu_account.py run OUT LABEL -- CMD...  run CMD; append the CPU its process tree used on this machine (every
+                                            descendant it waited for: ansible-playbook, its workers, the docker
+                                            CLI; not dockerd nor the containers) to OUT as "LABEL SECONDS"
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -109,6 +113,27 @@ def summarize(lines: list[dict]) -> dict:
             "per_container_s": dict(sorted(by_name.items(), key=lambda kv: -kv[1]))}
 
 
+def run_measured(out: Path, label: str, command: list[str]) -> int:
+    """Run `command`, append "label CPU-seconds" (user + system of its reaped process tree) to `out`; its exit code."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    code = subprocess.call(command)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    with out.open("a") as handle:
+        handle.write(f"{label} {seconds:.0f}\n")
+    return code
+
+
+def controller_table(path: Path) -> list[str]:
+    """The lines "run" appended, as report rows, largest first."""
+    if not path.is_file():
+        return []
+    rows = [line.split() for line in path.read_text().splitlines() if len(line.split()) == 2]
+    rows.sort(key=lambda row: -float(row[1]))
+    return ["== controller CPU per scenario (the process tree molecule/make started; not dockerd, not containers)"] + \
+        [f"   {float(seconds):8.0f} CPU-s  {label}" for label, seconds in rows]
+
+
 def report(path: Path) -> str:
     """The summary as text."""
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -119,6 +144,7 @@ def report(path: Path) -> str:
             f"containers {s['containers_s']:.0f} CPU-s, controller and the rest "
             f"{s['machine_busy_s'] - s['containers_s']:.0f} CPU-s, mean load {s['mean_load1']:.1f}"]
     rows += [f"   {seconds:8.0f} CPU-s  {name}" for name, seconds in s["per_container_s"].items()]
+    rows += controller_table(path.with_name("controller-cpu.txt"))
     return "\n".join(rows)
 
 
@@ -130,9 +156,15 @@ def main(argv: list[str]) -> int:
     one.add_argument("--every", type=float, default=15.0)
     two = sub.add_parser("report")
     two.add_argument("out", type=Path)
+    three = sub.add_parser("run")
+    three.add_argument("out", type=Path)
+    three.add_argument("label")
+    three.add_argument("cmd", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command == "sample":
         sample(args.out, args.every)
+    elif args.command == "run":
+        return run_measured(args.out, args.label, args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     else:
         print(report(args.out))
     return 0

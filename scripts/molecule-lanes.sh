@@ -19,13 +19,17 @@ mkdir -p "$logdir"
 # the recap. The sampler reads cgroup counters every 15 s and stops with the lanes.
 : > "$logdir/cpu-samples.jsonl"
 python3 "$(dirname "$0")/cpu_account.py" sample "$logdir/cpu-samples.jsonl" & sampler=$!
+# ...and each scenario's own process tree on this machine (molecule, ansible-playbook, pytest, the docker CLI)
+: > "$logdir/controller-cpu.txt"
+measured=(python3 "$(dirname "$0")/cpu_account.py" run "$logdir/controller-cpu.txt")
 
 run_one() {
   local s=$1 t0=$SECONDS rc
   if [[ $s == make:* ]]; then
-    make --no-print-directory "${s#make:}" 2>&1 | tee "$logdir/${s#make:}.log" | sed -u "s/^/[$s] /"
+    "${measured[@]}" "$s" -- make --no-print-directory "${s#make:}" 2>&1 | tee "$logdir/${s#make:}.log" |
+      sed -u "s/^/[$s] /"
   else
-    molecule test -s "$s" 2>&1 | tee "$logdir/$s.log" | sed -u "s/^/[$s] /"
+    "${measured[@]}" "$s" -- molecule test -s "$s" 2>&1 | tee "$logdir/$s.log" | sed -u "s/^/[$s] /"
   fi
   rc=${PIPESTATUS[0]}
   echo "== stage molecule $s: $((SECONDS - t0)) s (exit $rc)"

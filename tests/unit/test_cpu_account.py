@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
-from cpu_account import machine_cpu_seconds, report, summarize
+from cpu_account import machine_cpu_seconds, report, run_measured, summarize
 
 A, B = "a" * 12, "b" * 12
 
@@ -46,3 +47,17 @@ def test_report_of_no_samples_says_so(tmp_path: Path) -> None:
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert report(empty) == f"cpu_account: no samples in {empty}"
+
+
+def test_run_appends_the_cpu_of_the_process_tree_and_keeps_the_exit_code(tmp_path: Path) -> None:
+    out = tmp_path / "controller-cpu.txt"
+    burn = "import time\nend = time.process_time() + 1.2\nwhile time.process_time() < end: pass\nraise SystemExit(3)"
+    # the CPU is burnt by a grandchild: counted once the child has waited for it
+    parent = f"import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-c', {burn!r}]))"
+    code = run_measured(out, "burner", [sys.executable, "-c", parent])
+    assert code == 3
+    label, seconds = out.read_text().split()
+    assert label == "burner" and float(seconds) >= 1          # rounded; the interpreters' start adds a little
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"t": 0.0, "load1": 1.0, "machine_s": 0.0, "containers": {}}) + "\n")
+    assert "controller CPU per scenario" in report(samples) and "burner" in report(samples)
