@@ -19,6 +19,7 @@ mkdir -p "$logdir"
 # the recap. The sampler reads cgroup counters every 15 s and stops with the lanes.
 : > "$logdir/cpu-samples.jsonl"
 python3 "$(dirname "$0")/cpu_account.py" sample "$logdir/cpu-samples.jsonl" & sampler=$!
+trap 'kill "$sampler" 2>/dev/null' EXIT   # also when the run is interrupted before its recap
 # ...and each scenario's own process tree on this machine (molecule, ansible-playbook, pytest, the docker CLI)
 : > "$logdir/controller-cpu.txt"
 measured=(python3 "$(dirname "$0")/cpu_account.py" run "$logdir/controller-cpu.txt")
