@@ -18,7 +18,8 @@ from typing import Any
 import yaml
 from test_day2 import ARTIFACTS, NODE, PROJECT, recap, site
 
-from venv_checks import assert_build_record, assert_root_owned_and_read_only
+from playbook_output import task_results
+from venv_checks import assert_build_record, assert_root_owned_and_read_only, assert_service_account, run_ok
 
 testinfra_hosts = [f"ansible://{NODE}"]
 
@@ -26,14 +27,8 @@ ROOT = "/opt/vllm"
 SERVED, PREVIOUS = "0.31.0", "0.32.0"
 ACTIVE = f"{ROOT}/venvs/{SERVED}-cpu"
 LOCK = PROJECT / f"roles/vllm_env/files/requirements/vllm-{SERVED}-cpu.txt"
+INSTALL_TASK = "vllm_env : Install the pinned requirements with hashes (uv pip sync)"
 ROLE_DEFAULTS = yaml.safe_load((PROJECT / "roles/vllm_env/defaults/main.yml").read_text())
-
-
-def run_ok(host, cmd: str) -> str:
-    """Run a command on the node; fail the test with its output when it fails."""
-    result = host.run(cmd)
-    assert result.rc == 0, f"{cmd}: rc {result.rc}\n{result.stdout}\n{result.stderr}"
-    return result.stdout.strip()
 
 
 def pinned(name: str) -> str:
@@ -48,15 +43,6 @@ def role_alone(step: str, **on_top: Any) -> tuple[int, str]:
     return rc, output
 
 
-def task_results(out: str, name: str) -> list[str]:
-    """The result words (ok, changed, skipping, failed) of the task whose name starts with `name`."""
-    results: list[str] = []
-    for block in out.split("\nTASK [")[1:]:
-        if block.split(" : ", 1)[-1].startswith(name):
-            results += re.findall(r"^(ok|changed|skipping|failed|fatal): \[", block, re.M)
-    return results
-
-
 def links(host) -> tuple[str, str]:
     return host.file(f"{ROOT}/current").linked_to, host.file(f"{ROOT}/previous").linked_to
 
@@ -65,12 +51,7 @@ def links(host) -> tuple[str, str]:
 
 
 def test_service_account(host):
-    user = host.user("vllm")
-    assert user.exists and user.group == "vllm"
-    assert user.home == "/var/lib/vllm" and user.shell == "/usr/sbin/nologin"
-    assert user.uid < 1000, "a system account"
-    home = host.file("/var/lib/vllm")
-    assert home.is_directory and home.user == "vllm" and home.mode == 0o750
+    assert_service_account(host)
 
 
 def test_links_after_the_switch_back(host):
@@ -137,7 +118,8 @@ def test_rollback_switches_to_previous_without_installing_then_has_nothing_left(
     assert rc == 0, out[-3000:]
     assert links(host) == (f"{ROOT}/venvs/{PREVIOUS}-cpu",) * 2
     assert host.file(f"{ROOT}/venvs/{PREVIOUS}-cpu/vllm-node-build.json").mtime == built, "rebuilt, not switched"
-    assert task_results(out, "Install the pinned requirements") in ([], ["skipping"]), "the rollback installed"
+    install = task_results(out, INSTALL_TASK)
+    assert install in ([], ["skipping"]), "the rollback installed"
     rc, out = role_alone("10-vllm-env-rollback-again", vllm_env_rollback=True)
     assert rc == 0, out[-3000:]
     assert recap(out)["changed"] == 0, "a second rollback has nothing left to switch"

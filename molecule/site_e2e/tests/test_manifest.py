@@ -5,11 +5,11 @@ the files' hashes those on disk, no secret, and only the facts other issue-10 pi
 from __future__ import annotations
 
 import json
-import re
 
 from node_runs import HOST, PROJECT
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import node_manifest as nm
+from playbook_output import task_results
 
 ARTIFACTS = PROJECT / "artifacts"
 MANIFEST = "/etc/vllm-node/manifest.json"
@@ -71,15 +71,6 @@ def test_model_files_are_the_ones_on_disk(host):
     for path, digest in model["files"].items():
         if path not in patched:  # patched configs: the manifest keeps the hash of the file as downloaded
             assert host.check_output(f"sha256sum {model['dir']}/{path}").split()[0] == digest, path
-
-
-def task_results(output: str, task: str) -> list[str]:
-    """The result lines (ok/changed/skipping/failed) under a task's header in ansible-playbook output."""
-    results: list[str] = []
-    for block in re.split(r"^TASK \[", output, flags=re.MULTILINE)[1:]:
-        if block.startswith(task + "]"):
-            results += re.findall(r"^(ok|changed|skipping|failed|fatal): \[", block, flags=re.MULTILINE)
-    return results
 
 
 def test_check_mode_on_the_converged_node_changes_no_manifest(host, converged_reruns):

@@ -3,7 +3,7 @@ import json
 import re
 from pathlib import Path
 
-from venv_checks import assert_build_record, assert_root_owned_and_read_only
+from venv_checks import assert_build_record, assert_root_owned_and_read_only, assert_service_account, run_ok
 
 ROOT = "/opt/vllm"
 ACTIVE = f"{ROOT}/venvs/0.32.0-cpu"
@@ -11,22 +11,8 @@ REPO = Path(__file__).resolve().parents[3]
 LOCK = REPO / "roles/vllm_env/files/requirements/vllm-0.32.0-cpu.txt"
 
 
-def run_ok(host, cmd: str) -> str:
-    """Run a command on the node, fail the test with its output when it fails."""
-    result = host.run(cmd)
-    assert result.rc == 0, f"{cmd}: rc {result.rc}\n{result.stdout}\n{result.stderr}"
-    return result.stdout.strip()
-
-
 def test_service_account(host):
-    user = host.user("vllm")
-    assert user.exists
-    assert user.group == "vllm"
-    assert user.home == "/var/lib/vllm"
-    assert user.shell == "/usr/sbin/nologin"
-    assert user.uid < 1000, "a system account"
-    home = host.file("/var/lib/vllm")
-    assert home.is_directory and home.user == "vllm" and home.mode == 0o750
+    assert_service_account(host)
 
 
 def test_links_point_at_the_rolled_back_venv(host):
