@@ -14,7 +14,7 @@ MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipe
 # offline: has not yet passed a whole `molecule test` (its converge from the bundle with no egress passed, inference
 # check included; idempotence and its tests have not run yet); add it to MOLECULE_SCENARIOS once it has.
 # fleet: playbooks/rollout.yml on two nodes + a gateway (four containers, two vLLM venvs per node, three rollouts
-# under a client loop): kept out of `make test` for the CI budget (the cold run is 56 min without it), and it has
+# under a client loop): kept out of `make test` for the CI budget (the cold run is 52.5 min without it), and it has
 # not passed: on 2026-12-03 the canary's restart starved on a core every node's vLLM pinned; with the worker
 # unpinned it came back in 106 s, then its gate's benchmark failed the scenario's tolerance (molecule/fleet/README.md).
 # vllm_env: its venv checks, the rollback switch and the unknown-version refusal run in day2 instead
@@ -24,9 +24,9 @@ MOLECULE_NOT_IN_TEST := cluster offline fleet vllm_env
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The three vLLM scenarios
 # each lead a lane; the light ones and the integration tests share the rest. On 2 cores the run is bound by CPU, not
-# by one lane: every lane stretches with the others' load (cold run of 2026-12-03, 4 lanes at load ~11: site_e2e
-# 58 min, day2 61, model_pipeline 46 + nvidia_driver_refusals 10, integration 19 + node_facts 4 + nvidia_driver 14
-# + vllm_env 20), so cutting work anywhere shortens the run; artifacts/molecule/cpu-account.txt says where it goes.
+# by one lane: every lane stretches with the others' load (cold run of 2026-12-03, d5f17f6, load ~8: day2 46 min,
+# site_e2e 39, model_pipeline 37, integration 18 + node_facts 4 + nvidia_driver 9 + nvidia_driver_refusals 5), so
+# cutting work anywhere shortens the run; artifacts/molecule/cpu-account.txt says where it goes.
 MOLECULE_JOBS ?= 2
 MOLECULE_LANES ?= site_e2e;day2;model_pipeline
 # `make test` runs these besides the scenarios, in the lane of the light ones (first: a failure shows early): the
