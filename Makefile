@@ -14,9 +14,8 @@ MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipe
 # offline: has not yet passed a whole `molecule test` (its converge from the bundle with no egress passed, inference
 # check included; idempotence and its tests have not run yet); add it to MOLECULE_SCENARIOS once it has.
 # fleet: playbooks/rollout.yml on two nodes + a gateway (four containers, two vLLM venvs per node, three rollouts
-# under a client loop): kept out of `make test` for the CI budget (the cold run is 52.5 min without it), and it has
-# not passed: on 2026-12-03 the canary's restart starved on a core every node's vLLM pinned; with the worker
-# unpinned it came back in 106 s, then its gate's benchmark failed the scenario's tolerance (molecule/fleet/README.md).
+# under a client loop, ~37 min on an idle machine): kept out of `make test` for the CI budget (the cold run is
+# 52.5 min without it). It passed every step on 2026-12-03 (molecule/fleet/README.md, runs 5-7).
 # vllm_env: its venv checks, the rollback switch and the unknown-version refusal run in day2 instead
 # (molecule/day2/tests/test_venv_after_day2.py), on a node that already holds two versions and a broken build: the
 # cold run was 66-72 min with this scenario's ~20 min of converge, idempotence and a second full venv build.
