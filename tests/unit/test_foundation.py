@@ -101,32 +101,40 @@ def test_make_test_covers_every_molecule_scenario_on_disk() -> None:
     assert on_disk <= set(listed.group(1).split()) | left_out, on_disk - set(listed.group(1).split())
 
 
-@pytest.mark.parametrize("scenario", sorted(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")))
+SCENARIOS = sorted(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml"))
+
+
+def scenario_config(scenario: str) -> dict:
+    """molecule/<scenario>/molecule.yml, parsed."""
+    return yaml.safe_load((REPO / "molecule" / scenario / "molecule.yml").read_text())
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_verifier_options_are_strings_or_flags(scenario: str) -> None:
     """molecule hands the testinfra verifier's options to shlex as they are: an int (``durations: 20``) passes its
     schema and then crashes the verify stage with a TypeError, so every value is a string or a boolean flag."""
-    config = yaml.safe_load((REPO / "molecule" / scenario / "molecule.yml").read_text())
+    config = scenario_config(scenario)
     options = (config.get("verifier") or {}).get("options") or {}
     wrong = {key: value for key, value in options.items() if not isinstance(value, (str, bool))}
     assert not wrong, f"molecule/{scenario}/molecule.yml verifier options that are not strings: {wrong}"
 
 
-@pytest.mark.parametrize("scenario", sorted(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")))
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenarios_pipeline_their_modules(scenario: str) -> None:
     """molecule writes its own ansible.cfg, so the project's ``pipelining = true`` does not reach converge and
     idempotence. Without it every module on the docker connection costs five ``docker exec`` (mkdir, copy, chmod,
     run, rm) instead of one: measured 29 s against 11 s for 30 ``stat`` tasks, three times the controller CPU."""
-    config = yaml.safe_load((REPO / "molecule" / scenario / "molecule.yml").read_text())
+    config = scenario_config(scenario)
     env = (config.get("provisioner") or {}).get("env") or {}
     assert str(env.get("ANSIBLE_PIPELINING", "")).lower() == "true", (
         f"molecule/{scenario}/molecule.yml: set provisioner.env.ANSIBLE_PIPELINING: \"true\"")
 
 
-@pytest.mark.parametrize("scenario", sorted(p.parent.name for p in (REPO / "molecule").glob("*/molecule.yml")))
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_scenarios_destroy_with_the_shared_retrying_playbook(scenario: str) -> None:
     """molecule-plugins' destroy neither retries a failed forced removal nor prints Docker's error; one such failure
     under load failed a CI run whose tests had all passed. Every scenario uses molecule/shared/destroy.yml."""
-    config = yaml.safe_load((REPO / "molecule" / scenario / "molecule.yml").read_text())
+    config = scenario_config(scenario)
     playbooks = (config.get("provisioner") or {}).get("playbooks") or {}
     assert playbooks.get("destroy") == "../shared/destroy.yml", f"molecule/{scenario}/molecule.yml"
     assert (REPO / "molecule" / scenario / playbooks["destroy"]).resolve().is_file()
