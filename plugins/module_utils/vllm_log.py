@@ -5,6 +5,7 @@ Pure functions over lists of lines (no I/O), shared by vllm_service_probe and in
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 
@@ -40,6 +41,32 @@ GIB = 1024 ** 3
 def strip_colors(lines: Iterable[str]) -> list[str]:
     """Journal lines without ANSI colour codes (vLLM colours its log prefix on some terminals)."""
     return [ANSI_RE.sub("", line) for line in lines]
+
+
+def journal_messages(json_lines: Iterable[str], exclude_invocation: str | None = None) -> list[str]:
+    """The messages of `journalctl -o json` output, without those of one invocation of the unit.
+
+    A restarted unit's journal holds the stopped process's last words too (an EngineDeadError when it was killed);
+    they are not the new start's cause. Its processes' entries carry `_SYSTEMD_INVOCATION_ID`, systemd's own lines
+    about the unit `INVOCATION_ID`. A message journald stored as bytes (not UTF-8) comes as a list of ints.
+    """
+    messages = []
+    for line in json_lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(entry, dict):
+            continue
+        invocations = (entry.get("_SYSTEMD_INVOCATION_ID"), entry.get("INVOCATION_ID"))
+        if exclude_invocation and exclude_invocation in invocations:
+            continue
+        message = entry.get("MESSAGE")
+        if isinstance(message, list):
+            message = bytes(b & 0xFF for b in message if isinstance(b, int)).decode("utf-8", "replace")
+        if isinstance(message, str):
+            messages.append(message)
+    return messages
 
 
 def shorten(line: str, width: int = 180) -> str:

@@ -29,7 +29,9 @@ options:
     description: C(NRestarts) seen at the first call of a watch; a higher count means the start failed.
     type: int
   not_invocation:
-    description: C(InvocationID) of the process replaced by a restart; it never counts as healthy.
+    description: >-
+      C(InvocationID) of the process replaced by a restart; it never counts as healthy, and its journal lines are
+      left out of RV(progress), RV(latest) and RV(cause).
     type: str
 extends_documentation_fragment:
   - vllm_node.vllm_node.read_only
@@ -254,10 +256,12 @@ def main() -> None:
             break
         time.sleep(POLL_SECONDS)
 
+    # JSON, so the replaced invocation's lines (the killed process's last words) are left out of the cause
     rc, out, _err = module.run_command(
-        ["journalctl", "-u", unit, "--since", f"@{since}", "-o", "cat", "--no-pager", "-n", "5000"]
+        ["journalctl", "-u", unit, "--since", f"@{since}", "-o", "json", "--no-pager", "-n", "5000"]
     )
-    lines = vllm_log.strip_colors(out.splitlines()) if rc == 0 else []
+    messages = vllm_log.journal_messages(out.splitlines(), module.params["not_invocation"]) if rc == 0 else []
+    lines = vllm_log.strip_colors(messages)
     now = int(time.time())
     result = {
         "changed": False,

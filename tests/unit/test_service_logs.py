@@ -179,3 +179,36 @@ def test_unit_times_from_show():
     assert measure.unit_times(state) == {"main_pid": 7, "restarts": 1, "invocation_id": "abc", "started_at": 100,
                                          "healthy_at": 160, "seconds_to_healthy": 60}
     assert measure.unit_times({})["seconds_to_healthy"] is None
+
+
+def _journal_entry(message, **fields) -> str:
+    """One line of `journalctl -o json` output."""
+    return json.dumps({"MESSAGE": message, **fields})
+
+
+def test_journal_messages_leave_out_the_replaced_invocation():
+    """A restart's probe reads the new start's lines only: the killed process's EngineDeadError (its processes'
+    _SYSTEMD_INVOCATION_ID) and systemd's lines about stopping it (INVOCATION_ID) are not the new cause."""
+    old, new = "a" * 32, "b" * 32
+    journal = [
+        _journal_entry("vllm.engine.exceptions.EngineDeadError: EngineCore encountered an issue.",
+                       _SYSTEMD_INVOCATION_ID=old),
+        _journal_entry("vllm.service: Main process exited, code=killed, status=9/KILL", INVOCATION_ID=old),
+        _journal_entry("Started vllm.service - vLLM.", INVOCATION_ID=new),
+        _journal_entry("ValueError: To serve at least one request with the model's max seq len (4194304)",
+                       _SYSTEMD_INVOCATION_ID=new),
+        "not json",
+        "[]",
+    ]
+    kept = vllm_log.journal_messages(journal, exclude_invocation=old)
+    assert kept == ["Started vllm.service - vLLM.",
+                    "ValueError: To serve at least one request with the model's max seq len (4194304)"]
+    assert vllm_log.root_cause(kept) and all("EngineDeadError" not in line for line in vllm_log.root_cause(kept))
+    # without an invocation to leave out, every message
+    assert len(vllm_log.journal_messages(journal)) == 4
+
+
+def test_journal_messages_decode_byte_messages():
+    """journald hands a message that is not valid UTF-8 over as a list of byte values."""
+    raw = list("Loading weights took 1.00 seconds \xff".encode("latin-1"))
+    assert vllm_log.journal_messages([_journal_entry(raw)]) == ["Loading weights took 1.00 seconds \ufffd"]
