@@ -258,7 +258,8 @@ def main() -> None:
 
     # JSON, so the replaced invocation's lines (the killed process's last words) are left out of the cause
     rc, out, _err = module.run_command(
-        ["journalctl", "-u", unit, "--since", f"@{since}", "-o", "json", "--no-pager", "-n", "5000"]
+        ["journalctl", "-u", unit, "--since", f"@{since}", "-o", "json", "--no-pager", "-n", "5000",
+         "--output-fields", "MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID"]
     )
     messages = vllm_log.journal_messages(out.splitlines(), module.params["not_invocation"]) if rc == 0 else []
     lines = vllm_log.strip_colors(messages)
