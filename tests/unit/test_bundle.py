@@ -170,3 +170,17 @@ def test_model_files_in_model_download_record_shape() -> None:
     assert model_files(files, "model/o/m/c/") == [
         {"path": "config.json", "size": 5, "sha256": "a" * 64},
         {"path": "sub/x.safetensors", "size": 7, "sha256": "c" * 64}]
+
+
+def test_default_apt_packages_cover_what_the_roles_install_on_a_cpu_node() -> None:
+    """A package a role installs with apt on the demo's cpu node but missing from the bundle's closure makes the
+    offline converge wait on an unreachable mirror (the gateway's HAProxy did, 2026-12-06)."""
+    import yaml
+
+    from bundle import DEFAULT_APT_PACKAGES, ROOT
+
+    env = yaml.safe_load((ROOT / "roles/vllm_env/vars/main.yml").read_text())
+    gateway = yaml.safe_load((ROOT / "roles/gateway/vars/main.yml").read_text())
+    installed = (set(env["__vllm_env_base_packages"]) | set(env["__vllm_env_variants"]["cpu"]["system_packages"])
+                 | set(gateway["__gateway_packages"]))
+    assert installed <= set(DEFAULT_APT_PACKAGES), sorted(installed - set(DEFAULT_APT_PACKAGES))
