@@ -8,19 +8,17 @@ export PY_COLORS := 0
 export ANSIBLE_FORCE_COLOR := 0
 
 # Scenarios `make test` runs, in order (cheapest first). Override: make molecule MOLECULE_SCENARIOS="node_facts".
-MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2
+MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2 offline
 # Scenarios on disk that `make test` does not run, each with its reason here (run one alone with
 # make molecule MOLECULE_SCENARIOS=<name>). cluster: two vLLM nodes, four faults healed (~10 min alone; its whole
 # `molecule test` passed on 2026-12-06 in 595 s, molecule/cluster/README.md): kept out for the CI budget.
-# offline: has not yet passed a whole `molecule test` (its converge from the bundle with no egress passed, inference
-# check included; idempotence and its tests have not run yet); add it to MOLECULE_SCENARIOS once it has.
 # fleet: playbooks/rollout.yml on two nodes + a gateway (four containers, two vLLM venvs per node, three rollouts
 # under a client loop, ~37 min on an idle machine): kept out of `make test` for the CI budget (the cold run is
 # 52.5 min without it). It passed every step on 2026-12-03 (molecule/fleet/README.md, runs 5-7).
 # vllm_env: its venv checks, the rollback switch and the unknown-version refusal run in day2 instead
 # (molecule/day2/tests/test_venv_after_day2.py), on a node that already holds two versions and a broken build: the
 # cold run was 66-72 min with this scenario's ~20 min of converge, idempotence and a second full venv build.
-MOLECULE_NOT_IN_TEST := cluster offline fleet vllm_env
+MOLECULE_NOT_IN_TEST := cluster fleet vllm_env
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The three vLLM scenarios
 # each lead a lane; the light ones and the integration tests share the rest. On 2 cores the run is bound by CPU, not
