@@ -14,7 +14,7 @@ MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipe
 # `molecule test` passed on 2026-12-06 in 595 s, molecule/cluster/README.md): kept out for the CI budget.
 # fleet: playbooks/rollout.yml on two nodes + a gateway (four containers, two vLLM venvs per node, three rollouts
 # under a client loop, ~37 min on an idle machine): kept out of `make test` for the CI budget (the cold run is
-# 52.5 min without it). It passed every step on 2026-12-03 (molecule/fleet/README.md, runs 5-7).
+# 33-53 min without it). It passed every step on 2026-12-03 (molecule/fleet/README.md, runs 5-7).
 # vllm_env: its venv checks, the rollback switch and the unknown-version refusal run in day2 instead
 # (molecule/day2/tests/test_venv_after_day2.py), on a node that already holds two versions and a broken build: the
 # cold run was 66-72 min with this scenario's ~20 min of converge, idempotence and a second full venv build.
@@ -22,9 +22,9 @@ MOLECULE_NOT_IN_TEST := cluster fleet vllm_env
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The three vLLM scenarios
 # each lead a lane; the light ones and the integration tests share the rest. On 2 cores the run is bound by CPU, not
-# by one lane: every lane stretches with the others' load (cold run of 2026-12-03, d5f17f6, load ~8: day2 46 min,
-# site_e2e 39, model_pipeline 37, integration 18 + node_facts 4 + nvidia_driver 9 + nvidia_driver_refusals 5), so
-# cutting work anywhere shortens the run; artifacts/molecule/cpu-account.txt says where it goes.
+# by one lane: every lane stretches with the others' load (cold run of 2026-12-06, c0cae5e, load ~8: day2 29 min,
+# site_e2e 27, model_pipeline 24, integration 11 + node_facts 2 + nvidia_driver 7 + nvidia_driver_refusals 4 +
+# offline 7), so cutting work anywhere shortens the run; artifacts/molecule/cpu-account.txt says where it goes.
 MOLECULE_JOBS ?= 2
 MOLECULE_LANES ?= site_e2e;day2;model_pipeline
 # `make test` runs these besides the scenarios, in the lane of the light ones (first: a failure shows early): the
