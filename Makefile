@@ -10,25 +10,23 @@ export ANSIBLE_FORCE_COLOR := 0
 # Scenarios `make test` runs, in order (cheapest first). Override: make molecule MOLECULE_SCENARIOS="node_facts".
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2 offline
 # Scenarios on disk that `make test` does not run, each with its reason here (run one alone with
-# make molecule MOLECULE_SCENARIOS=<name>). cluster: two vLLM nodes, four faults healed (~10 min alone; its whole
-# `molecule test` passed on 2026-12-06 in 595 s, molecule/cluster/README.md): kept out for the CI budget.
+# make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). All three for the CI budget (make test
+# within 60 min cold on 2 cores). cluster: two vLLM nodes, four faults healed (molecule/cluster/README.md).
 # fleet: playbooks/rollout.yml on two nodes + a gateway (four containers, two vLLM venvs per node, three rollouts
-# under a client loop, ~37 min on an idle machine): kept out of `make test` for the CI budget (the cold run is
-# 33-53 min without it). It passed every step on 2026-12-03 (molecule/fleet/README.md, runs 5-7).
+# under a client loop; molecule/fleet/README.md), the longest scenario by far.
 # vllm_env: its venv checks, the rollback switch and the unknown-version refusal run in day2 instead
-# (molecule/day2/tests/test_venv_after_day2.py), on a node that already holds two versions and a broken build: the
-# cold run was 66-72 min with this scenario's ~20 min of converge, idempotence and a second full venv build.
+# (molecule/day2/tests/test_venv_after_day2.py), on a node that already holds two versions and a broken build; this
+# scenario would add a converge, an idempotence run and a second full venv build.
 MOLECULE_NOT_IN_TEST := cluster fleet vllm_env
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The three vLLM scenarios
 # each lead a lane; the light ones and the integration tests share the rest. On 2 cores the run is bound by CPU, not
-# by one lane: every lane stretches with the others' load (cold run of 2026-12-06, c0cae5e, load ~8: day2 29 min,
-# site_e2e 27, model_pipeline 24, integration 11 + node_facts 2 + nvidia_driver 7 + nvidia_driver_refusals 4 +
-# offline 7), so cutting work anywhere shortens the run; artifacts/molecule/cpu-account.txt says where it goes.
+# by one lane: every lane stretches with the others' load (the lanes' times: docs/measurements.md), so cutting work
+# anywhere shortens the run; artifacts/molecule/cpu-account.txt says where it goes (molecule/README.md).
 MOLECULE_JOBS ?= 2
 MOLECULE_LANES ?= site_e2e;day2;model_pipeline
 # `make test` runs these besides the scenarios, in the lane of the light ones (first: a failure shows early): the
-# integration tests (~8 min) would otherwise delay every scenario's start.
+# integration tests would otherwise delay every scenario's start by their minutes.
 TEST_BESIDE_MOLECULE ?= make:integration
 # Base images the scenarios use (built with debootstrap + docker import, cached).
 BASE_IMAGES ?= bookworm noble
@@ -103,7 +101,7 @@ locks: setup
 	python scripts/vllm_locks.py compile
 
 # Every pin of every CUDA lock has a wheel on the index for its OS's Python and glibc whose sha256 the lock lists
-# (index metadata only, cached in .cache/pypi-simple: ~17 s cold, ~3 s warm), and the catalog matches the locks.
+# (index metadata only, cached in .cache/pypi-simple), and the catalog matches the locks.
 lock-check: setup
 	$(call timed,lock-check,python scripts/vllm_locks.py check && python scripts/vllm_locks.py catalog --check)
 
@@ -119,7 +117,7 @@ molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIO
 	$(call timed,molecule,scripts/molecule-lanes.sh $(MOLECULE_JOBS) "$(MOLECULE_LANES)" $(MOLECULE_SCENARIOS))
 
 # lint, unit, the base images and the wheelhouse first, side by side (mostly one core each, or the network: one
-# after another they left a core idle for ~7 min), each stage's output kept together; then the scenarios in their
+# after another they left a core idle for minutes), each stage's output kept together; then the scenarios in their
 # lanes with the integration tests beside them.
 TEST_FIRST := lint unit images test-tools $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)
 test: setup
@@ -133,7 +131,8 @@ plan: setup
 demo: setup images wheelhouse
 	@bash scripts/demo.sh
 
-# The idempotent re-run's figure (README): fails when it changes anything or exceeds RERUN_MAX_SECONDS (60 s on an idle machine, stretched by the load per CPU above 1).
+# The idempotent re-run's figure (docs/measurements.md): fails when it changes anything or exceeds RERUN_MAX_SECONDS
+# (60 s on an idle machine, stretched by the load per CPU above 1).
 demo-rerun: setup
 	@bash scripts/time-rerun.sh
 
