@@ -23,12 +23,14 @@ class Node:
         self.invocation, self.active = "inv-1", "active"
         self.connections: list[tuple[str, str]] = []  # (local, remote)
         self.restarts = 0
+        self.calls: list[list[str]] = []
 
     def run(self, argv: list[str], **_kwargs: object) -> types.SimpleNamespace:
         if argv[:2] == ["systemctl", "show"]:
             return types.SimpleNamespace(stdout=f"InvocationID={self.invocation}\nActiveState={self.active}\n")
-        if argv[:2] == ["systemctl", "restart"]:
-            self.restarts += 1
+        if argv[:2] in (["systemctl", "restart"], ["systemctl", "kill"]):
+            self.calls.append(argv)
+            self.restarts += argv[1] == "restart"
             return types.SimpleNamespace(stdout="")
         assert argv[0] == "ss"
         return types.SimpleNamespace(stdout="".join(f"0 0 {local} {remote}\n" for local, remote in self.connections))
@@ -85,3 +87,15 @@ def test_no_restart_before_a_connection_was_seen_or_while_the_unit_is_down(watch
     node.active, node.invocation = "active", "inv-2"
     namespace["main"]()
     assert node.restarts == 0
+
+
+def test_a_gone_peer_kills_the_unit_before_restarting_it(watch: tuple[dict, Node]) -> None:
+    """No graceful drain for a replica that lost a stage: SIGKILL first, so the peer's new process cannot join the
+    dying one's rendezvous, then the restart."""
+    namespace, node = watch
+    node.connections = [(f"{HEAD}:33333", f"{WORKER}:45555")]
+    namespace["main"]()
+    node.connections = []
+    namespace["main"]()
+    assert node.calls == [["systemctl", "kill", "--signal=SIGKILL", "vllm.service"],
+                          ["systemctl", "restart", "--no-block", "vllm.service"]]
