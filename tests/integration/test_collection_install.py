@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness import playbook
+
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
 STORY = ("-e", "vllm_node_model=kimi-k2.5-nvfp4", "-e", "vllm_node_gpu=rtx-pro-6000-blackwell",
@@ -57,14 +59,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     yield Installed(tarball, collections, workdir)
 
 
-def plan(installed: Installed, tmp_path: Path, *args: str) -> tuple[int, str, dict | None]:
+def installed_plan(installed: Installed, tmp_path: Path, *args: str) -> tuple[int, str, dict | None]:
+    """The installed collection's plan playbook by FQCN, from its work directory with the clean environment."""
     plan_file = tmp_path / "plan.json"
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "vllm_node.vllm_node.plan",
-                           "-e", f"vllm_node_plan_file={plan_file}", *args],
-                          cwd=installed.workdir, env=clean_env(installed.collections.parent, installed.collections),
-                          capture_output=True, text=True, timeout=300)
+    rc, out, _ = playbook.run("vllm_node.vllm_node.plan", "-e", f"vllm_node_plan_file={plan_file}", *args,
+                              cwd=installed.workdir, env=clean_env(installed.collections.parent, installed.collections),
+                              timeout=300)
     data = json.loads(plan_file.read_text()) if plan_file.exists() else None
-    return proc.returncode, re.sub(r"\s+", " ", proc.stdout + proc.stderr), data
+    return rc, re.sub(r"\s+", " ", out), data
 
 
 def test_the_artifact_ships_the_product_only(installed: Installed) -> None:
@@ -84,7 +86,7 @@ def test_the_artifact_ships_the_product_only(installed: Installed) -> None:
 
 
 def test_installed_plan_refuses_the_story_with_the_known_message(installed: Installed, tmp_path: Path) -> None:
-    rc, out, data = plan(installed, tmp_path, *STORY, "-e", "vllm_node_max_model_len=262144")
+    rc, out, data = installed_plan(installed, tmp_path, *STORY, "-e", "vllm_node_max_model_len=262144")
     assert rc != 0, out[-3000:]
     assert REFUSAL in out
     assert data is not None and data["fits"] is False and data["max_model_len"] == 262144
@@ -94,7 +96,7 @@ def test_installed_plan_refuses_the_story_with_the_known_message(installed: Inst
 
 
 def test_installed_plan_passes_a_fitting_request(installed: Installed, tmp_path: Path) -> None:
-    rc, out, data = plan(installed, tmp_path, *STORY, "-e", "vllm_node_max_model_len=131072")
+    rc, out, data = installed_plan(installed, tmp_path, *STORY, "-e", "vllm_node_max_model_len=131072")
     assert rc == 0, out[-3000:]
     assert data["fits"] is True and data["max_model_len"] == 131072 and data["kv_cache_dtype"] == "bfloat16"
     assert "vllm_node.vllm_node.preflight : " in out and f"{ROOT}/roles" not in out

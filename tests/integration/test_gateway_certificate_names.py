@@ -5,10 +5,11 @@ gathered none (a host without iproute2: `make demo`'s printed curl to the contai
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
-from test_plan_playbook import BIN, ROOT, env
+from test_plan_playbook import ROOT
+
+from harness import playbook
 
 PLAY = """
 - hosts: localhost
@@ -30,8 +31,8 @@ def names(tmp_path: Path, facts: dict, hostname_output: str | None) -> list[str]
     play.write_text(PLAY % (ROOT / "roles" / "gateway" / "vars" / "main.yml", out))
     registered = {"skipped": True} if hostname_output is None else {"stdout": hostname_output}
     extra = {"facts": facts, "__gateway_hostname_addresses": registered}
-    subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", str(play), "-e", json.dumps(extra)],
-                   cwd=ROOT, env=env(), check=True, capture_output=True, text=True, timeout=120)
+    run = playbook.run(play, "-e", json.dumps(extra), inventory="localhost,", timeout=120)
+    assert run.rc == 0, run.output
     return json.loads(out.read_text())
 
 

@@ -10,7 +10,6 @@ default (port 8000, a generated key), so the checks can fail.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from harness import playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -109,13 +110,11 @@ def render(node: str, inv: Path, *args: str) -> Rendered:
     """Fresh node state (no unit, no /etc/vllm), then the playbook; returns its output and the files written."""
     docker("exec", node, "sh", "-c", f"rm -rf /etc/vllm {UNIT} {UNIT}.*")
     # Pipelining: one `docker exec` per task instead of three (the module files are not copied in).
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", ANSIBLE_PIPELINING="1")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(inv), str(PLAYBOOK), "--diff", "-v", *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    rc, out, _ = playbook.run(PLAYBOOK, "--diff", "-v", *args, inventory=str(inv), timeout=600,
+                              env=playbook.environment(ANSIBLE_PIPELINING="1"))
     unit = docker("exec", node, "cat", UNIT, check=False).stdout
     env_file = docker("exec", node, "cat", ENV_FILE, check=False).stdout
-    return Rendered(proc.returncode, proc.stdout + proc.stderr, unit, env_file)
+    return Rendered(rc, out, unit, env_file)
 
 
 def vault(tmp_path: Path, path: Path) -> Path:
@@ -174,3 +173,42 @@ def test_vaulted_secrets_in_group_vars_all_are_used_and_never_printed(node: str,
     assert VAULT_API_KEY not in run.out and VAULT_HF_TOKEN not in run.out
     assert VAULT_API_KEY not in run.unit and VAULT_HF_TOKEN not in run.unit
     assert not re.search(r"^Environment=.*VLLM_API_KEY", run.unit, re.M), "the key goes to the 0600 EnvironmentFile"
+
+
+def test_the_key_is_made_once_then_kept_and_a_given_key_replaces_it(node: str, tmp_path: Path) -> None:
+    """vllm_service decides the key once: the first run makes and keeps one (no shell on the node); the next run reads
+    it back and changes nothing; a given key replaces it and is kept when the inventory stops giving it; --check on a
+    node without a key file (the account already there) makes one and writes nothing."""
+    inv = inventory(tmp_path, node)
+    first = render(node, inv)
+    assert first.rc == 0, first.out[-3000:]
+    key = first.api_key()
+    assert re.fullmatch(r"sk-vllm-[A-Za-z0-9]{43}", key), key
+    assert key not in first.out
+    assert docker("exec", node, "stat", "-c", "%U:%G %a", "/etc/vllm/api-key").stdout.strip() == "root:root 600"
+    assert docker("exec", node, "cat", "/etc/vllm/api-key").stdout == key + "\n"
+
+    def again(*args: str) -> playbook.Run:
+        """The playbook on the node as it is (no reset)."""
+        return playbook.run(PLAYBOOK, "--diff", *args, inventory=str(inv), timeout=600,
+                            env=playbook.environment(ANSIBLE_PIPELINING="1"))
+
+    second = again()
+    assert second.rc == 0 and playbook.recap(second.output, node)["changed"] == 0, second.output[-3000:]
+    assert docker("exec", node, "cat", "/etc/vllm/api-key").stdout == key + "\n"
+
+    given = again("-e", "vllm_node_api_key=sk-given-0123456789abcdef")
+    # the key file and the env file
+    assert given.rc == 0 and playbook.recap(given.output, node)["changed"] >= 2, given.output[-3000:]
+    assert "sk-given-0123456789abcdef" not in given.output
+    assert docker("exec", node, "cat", "/etc/vllm/api-key").stdout == "sk-given-0123456789abcdef\n"
+    assert "VLLM_API_KEY=sk-given-0123456789abcdef" in docker("exec", node, "cat", ENV_FILE).stdout
+
+    kept = again()
+    assert kept.rc == 0 and playbook.recap(kept.output, node)["changed"] == 0, kept.output[-3000:]
+    assert docker("exec", node, "cat", "/etc/vllm/api-key").stdout == "sk-given-0123456789abcdef\n"
+
+    checked = render(node, inv, "--check")   # /etc/vllm and the unit removed first
+    assert checked.rc == 0, checked.out[-3000:]
+    assert docker("exec", node, "test", "-e", "/etc/vllm/api-key", check=False).returncode == 1, "check mode wrote"
+    assert "sk-vllm-" not in checked.out, "the key is no_log"

@@ -3,12 +3,12 @@ answers, including odd ones the molecule scenario does not cover ([N/A] values, 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from harness import playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -32,7 +32,7 @@ PLAYBOOK = """
 """
 
 
-def run(tmp_path: Path, data: dict[str, Any], **extra: Any) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def facts_play(tmp_path: Path, data: dict[str, Any], **extra: Any) -> tuple[playbook.Run, dict[str, Any]]:
     (tmp_path / "play.yml").write_text(PLAYBOOK)
     (tmp_path / "gpus.json").write_text(json.dumps(data))
     out = tmp_path / "facts.json"
@@ -41,11 +41,9 @@ def run(tmp_path: Path, data: dict[str, Any], **extra: Any) -> tuple[subprocess.
                  "node_facts_model_root": str(tmp_path / "no" / "such" / "dir"),
                  "ansible_python_interpreter": str(BIN / "python"), **extra}
     (tmp_path / "vars.json").write_text(json.dumps(variables))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1",
-               ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", str(tmp_path / "play.yml"),
-                           "-e", f"@{tmp_path / 'vars.json'}"], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+    env = playbook.environment(ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
+    proc = playbook.run(tmp_path / "play.yml", "-e", f"@{tmp_path / 'vars.json'}", inventory="localhost,", env=env,
+                        timeout=300)
     return proc, (json.loads(out.read_text()) if out.exists() else {})
 
 
@@ -58,8 +56,8 @@ def test_nvidia_smi_with_unavailable_values_and_a_pci_domain(tmp_path: Path) -> 
     data["gpus"] = data["gpus"][:2]
     data["gpus"][1].update(memory_total_mib="[N/A]", compute_cap="[N/A]", pci_bus_id="0001:a1:00.0")
     data["gpus"][1]["memory_used_mib"] = 0
-    proc, facts = run(tmp_path, data)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, facts = facts_play(tmp_path, data)
+    assert proc.rc == 0, proc.output
     assert facts["source"] == "nvidia-smi" and facts["driver"] == "580.95.05"
     first, second = facts["gpus"]
     assert first == {"index": 0, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_total_mib": 97887,
@@ -84,8 +82,8 @@ def test_lspci_fallback_filters_vendor_and_class(tmp_path: Path) -> None:
          "vendor_name": "NVIDIA Corporation", "device": "22e8", "device_name": "GB202 High Definition Audio Controller",
          "revision": "a1"},
     ]
-    proc, facts = run(tmp_path, data)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, facts = facts_play(tmp_path, data)
+    assert proc.rc == 0, proc.output
     assert facts["source"] == "lspci" and facts["driver"] == ""
     assert [g["pci_bus_id"] for g in facts["gpus"]] == ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]
     assert facts["gpus"][0]["name"] == "NVIDIA Corporation GB202GL [RTX PRO 6000 Blackwell Server Edition]"
@@ -96,9 +94,9 @@ def test_lspci_fallback_filters_vendor_and_class(tmp_path: Path) -> None:
     "bad", [{"node_facts_model_root": "relative/models"}, {"node_facts_gpu_vendor_ids": ["NVIDIA"]}]
 )
 def test_bad_input_is_refused_with_a_fix(tmp_path: Path, bad: dict[str, Any]) -> None:
-    proc, facts = run(tmp_path, default_data(), **bad)
-    assert proc.returncode != 0 and facts == {}
-    assert "Fix the variables" in proc.stdout
+    proc, facts = facts_play(tmp_path, default_data(), **bad)
+    assert proc.rc != 0 and facts == {}
+    assert "Fix the variables" in proc.output
 
 
 def test_an_nvidia_smi_answer_that_is_not_the_asked_csv_falls_back_to_lspci(tmp_path: Path) -> None:
@@ -109,7 +107,7 @@ def test_an_nvidia_smi_answer_that_is_not_the_asked_csv_falls_back_to_lspci(tmp_
     smi.chmod(0o755)
     data = default_data()
     data["gpus"] = data["gpus"][:2]
-    proc, facts = run(tmp_path, data, node_facts_nvidia_smi=str(smi))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc, facts = facts_play(tmp_path, data, node_facts_nvidia_smi=str(smi))
+    assert proc.rc == 0, proc.output
     assert (facts["source"], facts["driver"], len(facts["gpus"])) == ("lspci", "", 2)
     assert facts["gpus"][0]["memory_total_mib"] is None

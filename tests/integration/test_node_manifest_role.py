@@ -7,13 +7,13 @@ import json
 import os
 import re
 import stat
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import node_manifest as nm
+from harness import playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -33,7 +33,9 @@ PLAYBOOK = """
     - name: Publish what the other roles would
       ansible.builtin.set_fact:
         node_facts_os: {distribution: Debian, version: "12.7", major_version: "12", codename: bookworm, family: Debian}
-        vllm_node_plan: {device: cpu, repo: org/tiny, revision: main, max_model_len: "{{ max_model_len | int }}"}
+        # the note carries both keys where no secret-looking name protects them: only their values redact them
+        vllm_node_plan: {device: cpu, repo: org/tiny, revision: main, max_model_len: "{{ max_model_len | int }}",
+                         note: "clients send {{ generated_key }} or {{ vllm_node_api_key }}"}
         vllm_env_active_version: "0.32.0"
         vllm_env_active_variant: cpu
         vllm_env_active_venv: /opt/vllm/venvs/0.32.0-cpu
@@ -46,7 +48,7 @@ PLAYBOOK = """
           - {rule: drop-kv-scheme, file: config.json, path: quantization_config.kv_cache_scheme, old: fp8}
         model_config_files_sha256: {"config.json": "{{ 'c' * 64 }}"}
         vllm_service_name: vllm
-        vllm_service_api_key_file: "{{ key_file }}"
+        vllm_service_effective_api_key: "{{ generated_key }}"
         vllm_service_fingerprint: "{{ 'd' * 64 }}"
         vllm_service_fingerprint_inputs: {venv: /opt/vllm/venvs/0.32.0-cpu}
         vllm_service_unit_sha256: "{{ 'e' * 64 }}"
@@ -61,40 +63,30 @@ PLAYBOOK = """
 """
 
 
-def env() -> dict[str, str]:
-    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-                ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
-
-
 @pytest.fixture
 def node(tmp_path: Path) -> dict[str, Path]:
-    """The play, a model directory with a patched config and its original, the key file, the output paths."""
+    """The play, a model directory with a patched config and its original, the output paths."""
     config_dir = tmp_path / "model"
     config_dir.mkdir()
     (config_dir / "config.json.orig").write_text(
         '{"hidden_size": 64, "quantization_config": {"kv_cache_scheme": "fp8", "quant_method": "fp8"}}')
     (config_dir / "config.json").write_text('{\n  "hidden_size": 64,\n  "quantization_config": {\n'
                                             '    "quant_method": "fp8"\n  }\n}\n')
-    key_file = tmp_path / "api-key"
-    key_file.write_text(GENERATED_KEY + "\n")
     (tmp_path / "play.yml").write_text(PLAYBOOK)
-    return {"dir": tmp_path, "config_dir": config_dir, "key_file": key_file,
+    return {"dir": tmp_path, "config_dir": config_dir,
             "manifest": tmp_path / "etc" / "manifest.json", "artifacts": tmp_path / "artifacts"}
 
 
-def run(node: dict[str, Path], *args: str, **extra: Any) -> tuple[int, str, dict[str, int]]:
+def manifest_play(node: dict[str, Path], *args: str, **extra: Any) -> tuple[int, str, dict[str, int]]:
     """ansible-playbook on the play; (rc, output, the localhost recap counters)."""
-    variables = {"config_dir": str(node["config_dir"]), "key_file": str(node["key_file"]),
+    variables = {"config_dir": str(node["config_dir"]), "generated_key": GENERATED_KEY,
                  "node_manifest_path": str(node["manifest"]), "node_manifest_artifacts_dir": str(node["artifacts"]),
                  "node_manifest_owner": str(os.getuid()), "node_manifest_group": str(os.getgid()),
                  "vllm_node_api_key": API_KEY, "max_model_len": 4096, "publish_lock": True, **extra}
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "localhost,", str(node["dir"] / "play.yml"),
-                           "-e", json.dumps(variables), *args],
-                          cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300, check=False)
-    out = proc.stdout + proc.stderr
-    recap = re.search(r"localhost\s*:\s*(.*)", out.split("PLAY RECAP")[-1])
-    counters = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))} if recap else {}
-    return proc.returncode, out, counters
+    rc, out, _ = playbook.run(node["dir"] / "play.yml", "-e", json.dumps(variables), *args, inventory="localhost,",
+                              timeout=300)
+    counters = playbook.recap(out, "localhost") if "PLAY RECAP" in out else {}
+    return rc, out, counters
 
 
 def read(node: dict[str, Path]) -> tuple[str, str]:
@@ -102,7 +94,7 @@ def read(node: dict[str, Path]) -> tuple[str, str]:
 
 
 def test_written_once_then_unchanged_in_runs_and_check_mode(node: dict[str, Path]) -> None:
-    rc, out, recap = run(node)
+    rc, out, recap = manifest_play(node)
     assert rc == 0, out
     assert recap["changed"] >= 2, out  # the node file and the controller copy
     on_node, on_controller = read(node)
@@ -117,23 +109,24 @@ def test_written_once_then_unchanged_in_runs_and_check_mode(node: dict[str, Path
     diff = manifest["config"]["diffs"]["config.json"]
     assert any(line.startswith("-") and "kv_cache_scheme" in line for line in diff), diff
     assert manifest["manifest_sha256"] == nm.content_sha256(manifest)
+    assert manifest["plan"]["content"]["note"] == f"clients send {nm.REDACTED} or {nm.REDACTED}"
     for secret in (API_KEY, GENERATED_KEY):
         assert secret not in on_node and secret not in out
 
-    rc, out, recap = run(node)
+    rc, out, recap = manifest_play(node)
     assert rc == 0 and recap["changed"] == 0, out
-    rc, out, recap = run(node, "--check", "--diff")
+    rc, out, recap = manifest_play(node, "--check", "--diff")
     assert rc == 0 and recap["changed"] == 0, out
     assert read(node) == (on_node, on_controller)
 
 
 def test_a_changed_fact_rewrites_with_a_new_time(node: dict[str, Path]) -> None:
-    assert run(node)[0] == 0
+    assert manifest_play(node)[0] == 0
     before = json.loads(read(node)[0])
-    rc, out, recap = run(node, "--check", max_model_len=2048)
+    rc, out, recap = manifest_play(node, "--check", max_model_len=2048)
     assert rc == 0 and recap["changed"] >= 1, out   # check mode shows it would change ...
     assert json.loads(read(node)[0]) == before       # ... and changes nothing
-    rc, out, recap = run(node, max_model_len=2048)
+    rc, out, recap = manifest_play(node, max_model_len=2048)
     assert rc == 0 and recap["changed"] >= 2, out
     after = json.loads(read(node)[0])
     assert after["plan"]["content"]["max_model_len"] == 2048
@@ -146,13 +139,13 @@ def test_a_changed_fact_rewrites_with_a_new_time(node: dict[str, Path]) -> None:
 
 
 def test_a_run_that_publishes_less_keeps_the_file(node: dict[str, Path]) -> None:
-    assert run(node)[0] == 0
+    assert manifest_play(node)[0] == 0
     kept = read(node)
-    rc, out, recap = run(node, publish_lock=False)
+    rc, out, recap = manifest_play(node, publish_lock=False)
     assert rc == 0 and recap["changed"] == 0, out
     assert "not written: this run did not publish vllm.lock_sha256" in out
     assert read(node) == kept
-    rc, out, recap = run(node, publish_lock=False, node_manifest_overwrite_with_missing=True)
+    rc, out, recap = manifest_play(node, publish_lock=False, node_manifest_overwrite_with_missing=True)
     assert rc == 0 and recap["changed"] >= 2, out
     manifest = json.loads(read(node)[0])
     assert manifest["vllm"]["lock_sha256"] is None and manifest["missing"] == ["vllm.lock_sha256"]

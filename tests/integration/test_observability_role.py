@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_plan_playbook import BIN, ROOT, env
+from test_plan_playbook import ROOT
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import metric_names as mn
+import metric_names as mn
+from harness.playbook import command, environment
 
 PROMTOOLS = sorted((ROOT / ".cache" / "tools").glob("prometheus-*/promtool"))
 PROMTOOL = PROMTOOLS[-1] if PROMTOOLS else None
@@ -55,9 +56,9 @@ def playbook(tmp: Path, out: Path, *args: str) -> subprocess.CompletedProcess[st
     inventory.write_text(yaml.safe_dump(INVENTORY))
     plan_file = tmp / "plan.json"
     plan_file.write_text(json.dumps(PLAN))
-    cmd = [str(BIN / "ansible-playbook"), "-i", str(inventory), "playbooks/observability.yml",
+    cmd = [command(), "-i", str(inventory), "playbooks/observability.yml",
            "-e", f"observability_config_dir={out}", "-e", f"observability_plan_file={plan_file}", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300, check=False)
+    return subprocess.run(cmd, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300, check=False)
 
 
 def changed(out: str) -> dict[str, int]:

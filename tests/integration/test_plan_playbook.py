@@ -7,16 +7,16 @@ playbook must refuse that request in seconds, name a safe length, and explain th
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from harness import playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -36,21 +36,13 @@ class Run:
     plan: dict[str, Any] | None
 
 
-def env() -> dict[str, str]:
-    return dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-                ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PY_COLORS="0")
-
-
 def plan(tmp_path: Path, *args: str) -> Run:
     """Run playbooks/plan.yml with extra -e arguments; the plan JSON goes to tmp_path/plan.json."""
     plan_file = tmp_path / "plan.json"
     plan_file.unlink(missing_ok=True)
-    cmd = [str(BIN / "ansible-playbook"), "playbooks/plan.yml", "-e", f"vllm_node_plan_file={plan_file}", *args]
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - t0
+    rc, out, seconds = playbook.run("playbooks/plan.yml", "-e", f"vllm_node_plan_file={plan_file}", *args, timeout=300)
     data = json.loads(plan_file.read_text()) if plan_file.exists() else None
-    return Run(proc.returncode, proc.stdout + proc.stderr, seconds, data)
+    return Run(rc, out, seconds, data)
 
 
 def one_line(text: str) -> str:
@@ -284,10 +276,9 @@ def test_second_run_changes_nothing(tmp_path: Path) -> None:
     first = plan(tmp_path, *args)
     assert first.rc == 0, first.out
     plan_file = tmp_path / "plan.json"
-    cmd = [str(BIN / "ansible-playbook"), "playbooks/plan.yml", "-e", f"vllm_node_plan_file={plan_file}", *args]
-    second = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
-    assert second.returncode == 0
-    assert re.search(r"localhost\s*:\s*ok=\d+\s+changed=0\b", second.stdout), second.stdout[-2000:]
+    second = playbook.run("playbooks/plan.yml", "-e", f"vllm_node_plan_file={plan_file}", *args, timeout=300)
+    assert second.rc == 0
+    assert re.search(r"localhost\s*:\s*ok=\d+\s+changed=0\b", second.output), second.output[-2000:]
     assert json.loads(plan_file.read_text()) == first.plan
 
 

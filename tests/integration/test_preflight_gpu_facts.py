@@ -3,13 +3,13 @@ explicit keys checked against them, and the real numbers nvidia-smi reports used
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from harness import playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = ROOT / ".venv" / "bin"
@@ -33,12 +33,9 @@ def preflight(tmp_path: Path, gpus: list[dict[str, Any]], **knobs: Any) -> tuple
              "vllm_node_kv_cache_dtype": "bfloat16", **knobs}
     extra_file = tmp_path / "extra.json"
     extra_file.write_text(json.dumps(extra))
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", "gpu-node-01,", str(PLAYBOOK), "-e", f"@{extra_file}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    rc, out, _ = playbook.run(PLAYBOOK, "-e", f"@{extra_file}", inventory="gpu-node-01,", timeout=300)
     plan = json.loads(plan_file.read_text()) if plan_file.exists() else None
-    return proc.returncode, re.sub(r"\s+", " ", proc.stdout + proc.stderr), plan
+    return rc, re.sub(r"\s+", " ", out), plan
 
 
 def test_auto_detects_the_simulated_rtx_pro_node(tmp_path: Path) -> None:

@@ -7,9 +7,7 @@ CSV header and one server: enough for the module that reads it (vllm_node.vllm_n
 """
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -17,6 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from harness import playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -53,7 +53,7 @@ def stat_socket(tmp_path: Path) -> Iterator[str]:
     server.close()
 
 
-def run(tmp_path: Path, **extra: object) -> tuple[int, str]:
+def refused_rollout(tmp_path: Path, **extra: object) -> tuple[int, str]:
     """rollout.yml against a node and a gateway that are both this machine; (rc, output)."""
     inventory = {"all": {"children": {
         "vllm_nodes": {"hosts": {NODE: {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}}},
@@ -61,12 +61,9 @@ def run(tmp_path: Path, **extra: object) -> tuple[int, str]:
                                          "ansible_python_interpreter": sys.executable}}}}}}
     (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (tmp_path / "vars.yml").write_text(yaml.safe_dump({"rollout_report_dir": str(tmp_path / "reports"), **extra}))
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-               ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run([str(BIN / "ansible-playbook"), "-i", str(tmp_path / "hosts.yml"), "playbooks/rollout.yml",
-                           "-e", f"@{tmp_path / 'vars.yml'}"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False)
-    return proc.returncode, proc.stdout + proc.stderr
+    rc, out, _ = playbook.run("playbooks/rollout.yml", "-e", f"@{tmp_path / 'vars.yml'}",
+                              inventory=str(tmp_path / "hosts.yml"), timeout=600)
+    return rc, out
 
 
 def assert_nothing_drained(out: str) -> None:
@@ -75,28 +72,28 @@ def assert_nothing_drained(out: str) -> None:
 
 
 def test_an_unknown_gateway_host_is_refused(tmp_path: Path) -> None:
-    rc, out = run(tmp_path, rollout_gateway_hosts=["no-such-gateway"])
+    rc, out = refused_rollout(tmp_path, rollout_gateway_hosts=["no-such-gateway"])
     assert rc != 0
     assert "gateway host(s) no-such-gateway not in the inventory" in out, out[-3000:]
     assert_nothing_drained(out)
 
 
 def test_no_gateway_at_all_is_refused(tmp_path: Path) -> None:
-    rc, out = run(tmp_path, rollout_gateway_hosts=[])
+    rc, out = refused_rollout(tmp_path, rollout_gateway_hosts=[])
     assert rc != 0
     assert "no gateway host" in out, out[-3000:]
     assert_nothing_drained(out)
 
 
 def test_a_missing_runtime_socket_is_refused(tmp_path: Path) -> None:
-    rc, out = run(tmp_path, rollout_gateway_socket=str(tmp_path / "missing.sock"))
+    rc, out = refused_rollout(tmp_path, rollout_gateway_socket=str(tmp_path / "missing.sock"))
     assert rc != 0
     assert f"HAProxy's runtime API socket {tmp_path / 'missing.sock'} is not there" in out, out[-3000:]
     assert_nothing_drained(out)
 
 
 def test_a_node_the_gateway_does_not_know_is_refused(tmp_path: Path, stat_socket: str) -> None:
-    rc, out = run(tmp_path, rollout_gateway_socket=stat_socket)
+    rc, out = refused_rollout(tmp_path, rollout_gateway_socket=stat_socket)
     assert rc != 0
     assert f"{NODE} is not a server of backend 'vllm'" in out and "it has some-other-node" in out, out[-3000:]
     assert_nothing_drained(out)

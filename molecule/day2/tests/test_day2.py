@@ -21,21 +21,23 @@ output to artifacts/day2/<step>.log.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import subprocess
-import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+from harness import api, playbook
+from harness.figures import Figures
+from harness.project import PROJECT
+from harness.unit import restarts, witness
+
 ARTIFACTS = PROJECT / "artifacts" / "day2"
+FIGURES = Figures(ARTIFACTS / "measurements.json")
 NODE, REBUILD = "day2-node", "day2-rebuild"
 PORT = 8000
+URL = f"http://127.0.0.1:{PORT}"
 HUB = "http://127.0.0.1:8999"
 REPO = "vllm-node-test/tiny-llama"
 REVISION_B = "rev-b"  # written by prepare.yml: tiny_models.py --revision tiny-llama@rev-b=7 (other weights)
@@ -77,86 +79,22 @@ needs_revisions = pytest.mark.skipif(
 # ---- helpers -------------------------------------------------------------------------------------------------
 
 
-def record(step: str, **values: Any) -> None:
-    """Keep a step's measured values for the report (and print them)."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / "measurements.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[step] = values
-    path.write_text(json.dumps(data, indent=2) + "\n")
-    print(f"MEASURED {step}: {json.dumps(values)}")
-
-
-def site(step: str, extra_vars: dict[str, Any], *options: str, limit: str = NODE, timeout: int = 3600,
-         playbook: str = "playbooks/site.yml") -> tuple[int, str, float]:
-    """Run playbooks/site.yml (or `playbook`) on `limit` with these extra vars; (rc, output, seconds). The output is
-    kept."""
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    vars_file = ARTIFACTS / f"{step}.vars.json"
-    vars_file.write_text(json.dumps(extra_vars, indent=2) + "\n")
-    inventory = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
-               ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"), ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
-               ANSIBLE_FORCE_COLOR="0")
-    log = ARTIFACTS / f"{step}.log"
-    start = time.monotonic()
-    with log.open("w") as out:  # written as it runs: `tail -f` shows where a long step is
-        proc = subprocess.run(
-            ["ansible-playbook", "-i", str(inventory), playbook, "--limit", limit, "-e", f"@{vars_file}",
-             *options],
-            cwd=PROJECT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True, timeout=timeout, check=False)
-    seconds = time.monotonic() - start
-    return proc.returncode, log.read_text(), seconds
-
-
-def recap(output: str, host: str = NODE) -> dict[str, int]:
-    """The PLAY RECAP counters of one host."""
-    match = re.search(rf"^{re.escape(host)}\s+:\s+(ok=.*)$", output, re.M)
-    assert match, f"no PLAY RECAP line for {host}"
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", match.group(1))}
-
-
-def witness(host) -> dict[str, str]:
-    """The unit's main PID, when it became active, its invocation and the node's clock (epoch seconds)."""
-    out = host.check_output("systemctl show -p MainPID -p ActiveEnterTimestamp -p InvocationID vllm")
-    state = dict(line.split("=", 1) for line in out.splitlines())
-    state["now"] = host.check_output("date +%s").strip()
-    return state
-
-
-def restarts(host, before: dict[str, str]) -> int:
-    """Invocations of the unit that began after `before` (systemd's own messages carry INVOCATION_ID, the
-    service's output _SYSTEMD_INVOCATION_ID): one per (re)start, a failed one included."""
-    out = host.check_output(
-        f"journalctl --since @{int(before['now']) - 1} -o json --output-fields=INVOCATION_ID,_SYSTEMD_INVOCATION_ID "
-        "UNIT=vllm.service + _SYSTEMD_UNIT=vllm.service")
-    seen = set()
-    for line in out.splitlines():
-        entry = json.loads(line)
-        seen.update(v for k, v in entry.items() if k in ("INVOCATION_ID", "_SYSTEMD_INVOCATION_ID") and v)
-    return len(seen - {before["InvocationID"]})
-
-
-def curl(host, path: str, api_key: str | None = None, body: dict | None = None, port: int = PORT) -> tuple[int, str]:
-    """HTTP status and body of a request sent from the node."""
-    cmd = f"curl -s -o /tmp/day2-body -w '%{{http_code}}' http://127.0.0.1:{port}{path}"
-    if api_key:
-        cmd += f" -H {shlex.quote('Authorization: Bearer ' + api_key)}"
-    if body is not None:
-        cmd += f" -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}"
-    status = host.run(cmd).stdout.strip()
-    return int(status or 0), host.run("cat /tmp/day2-body").stdout
+def converge(step: str, extra_vars: dict[str, Any], *options: str, limit: str = NODE, timeout: int = 3600,
+             path: str = "playbooks/site.yml") -> tuple[int, str, float]:
+    """Run playbooks/site.yml (or `path`) on `limit` with these extra vars; (rc, output, seconds). The output is
+    kept in artifacts/day2/<step>.log, the extra vars beside it."""
+    return playbook.in_scenario("day2", step, path, *options, limit=limit, extra_vars=extra_vars, timeout=timeout)
 
 
 def served_version(host) -> str:
-    status, body = curl(host, "/version", STATE["vars"]["vllm_node_api_key"])
+    status, body = api.curl(host, URL + "/version", STATE["vars"]["vllm_node_api_key"])
     assert status == 200, body
     return json.loads(body)["version"]
 
 
 def served_model(host) -> dict[str, Any]:
     """/v1/models' one entry (id, root = the directory vLLM loaded, max_model_len)."""
-    status, body = curl(host, "/v1/models", STATE["vars"]["vllm_node_api_key"])
+    status, body = api.curl(host, URL + "/v1/models", STATE["vars"]["vllm_node_api_key"])
     assert status == 200, body
     return json.loads(body)["data"][0]
 
@@ -164,7 +102,7 @@ def served_model(host) -> dict[str, Any]:
 def completion(host) -> str:
     """The greedy completion of a fixed prompt: which weights are loaded."""
     body = dict(PROMPT, model=served_model(host)["id"])
-    status, text = curl(host, "/v1/completions", STATE["vars"]["vllm_node_api_key"], body)
+    status, text = api.curl(host, URL + "/v1/completions", STATE["vars"]["vllm_node_api_key"], body)
     assert status == 200, text
     return json.loads(text)["choices"][0]["text"]
 
@@ -189,9 +127,10 @@ def step(host, name: str, changes: dict[str, Any], *options: str, expect_rc: int
     site.yml, measure."""
     extra_vars = dict(STATE["vars"], **changes)
     before = witness(host)
-    rc, output, seconds = site(name, dict(extra_vars, **(once or {})), *options, limit=limit)
+    rc, output, seconds = converge(name, dict(extra_vars, **(once or {})), *options, limit=limit)
     after = witness(host)
-    result = {"rc": rc, "seconds": round(seconds, 1), "restarts": restarts(host, before), "recap": recap(output),
+    result = {"rc": rc, "seconds": round(seconds, 1), "restarts": restarts(host, before),
+              "recap": playbook.recap(output, NODE),
               "pid": [before["MainPID"], after["MainPID"]],
               "active_since": [before["ActiveEnterTimestamp"], after["ActiveEnterTimestamp"]],
               "output": output}
@@ -212,14 +151,15 @@ def assert_restarts(name: str, result: dict[str, Any], expected: int) -> None:
 
 
 def measured(name: str, result: dict[str, Any], **more: Any) -> None:
-    record(name, **{k: v for k, v in result.items() if k != "output"}, **more)
+    """Keep a step's measured values (its result but the output, and `more`) for the report."""
+    FIGURES.record(name, {**{k: v for k, v in result.items() if k != "output"}, **more})
 
 
 # ---- the sequence --------------------------------------------------------------------------------------------
 
 
 def test_01_converge_on_0_31_0(host):
-    (ARTIFACTS / "measurements.json").unlink(missing_ok=True)
+    FIGURES.reset()
     result = step(host, "01-converge", {})
     assert result["recap"]["failed"] == 0
     assert host.service("vllm").is_running
@@ -298,8 +238,8 @@ def test_06_context_and_key_rotation(host):
     result = step(host, "06-context-and-key", {"vllm_node_max_model_len": before // 2, "vllm_node_api_key": KEY_2})
     assert_restarts("06-context-and-key", result, 1)
     assert served_model(host)["max_model_len"] == before // 2
-    assert curl(host, "/v1/models", KEY_1)[0] == 401
-    assert curl(host, "/v1/models", KEY_2)[0] == 200
+    assert api.curl(host, URL + "/v1/models", KEY_1)[0] == 401
+    assert api.curl(host, URL + "/v1/models", KEY_2)[0] == 200
     assert KEY_2 not in result["output"] and KEY_1 not in result["output"], "a key reached the log"
     measured("06-context-and-key", result, max_model_len=[before, before // 2])
 
@@ -324,6 +264,6 @@ def test_08_rerun_and_rebuild_from_the_same_inventory(host):
     result = step(host, "08-rerun-rebuild", {}, limit=f"{NODE},{REBUILD}")
     assert_restarts("08-rerun-rebuild", result, 0)
     assert result["recap"]["changed"] == 0
-    rebuild = recap(result["output"], REBUILD)
+    rebuild = playbook.recap(result["output"], REBUILD)
     assert rebuild["failed"] == 0 and rebuild["ok"] > 0, rebuild
     measured("08-rerun-rebuild", result, rebuild_recap=rebuild)

@@ -17,10 +17,9 @@ import pytest
 import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import node_manifest as nm
+from harness.project import ARTIFACTS
 
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parents[1]))
-ARTIFACTS = PROJECT / "artifacts"
 MANIFEST = "/etc/vllm-node/manifest.json"
 
 

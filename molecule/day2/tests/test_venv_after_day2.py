@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from test_day2 import ARTIFACTS, NODE, PROJECT, recap, site
+from test_day2 import ARTIFACTS, NODE, PROJECT, converge
 
-from playbook_output import task_results
-from venv_checks import assert_build_record, assert_root_owned_and_read_only, assert_service_account, run_ok
+from harness import playbook
+from harness.venv import assert_build_record, assert_root_owned_and_read_only, assert_service_account, run_ok
 
 testinfra_hosts = [f"ansible://{NODE}"]
 
@@ -39,7 +39,7 @@ def pinned(name: str) -> str:
 def role_alone(step: str, **on_top: Any) -> tuple[int, str]:
     """vllm_env_role.yml with the sequence's final extra vars and `on_top`; (rc, output)."""
     final = json.loads((ARTIFACTS / "final-extra-vars.json").read_text())
-    rc, output, _ = site(step, dict(final, **on_top), playbook="molecule/day2/vllm_env_role.yml")
+    rc, output, _ = converge(step, dict(final, **on_top), path="molecule/day2/vllm_env_role.yml")
     return rc, output
 
 
@@ -118,11 +118,11 @@ def test_rollback_switches_to_previous_without_installing_then_has_nothing_left(
     assert rc == 0, out[-3000:]
     assert links(host) == (f"{ROOT}/venvs/{PREVIOUS}-cpu",) * 2
     assert host.file(f"{ROOT}/venvs/{PREVIOUS}-cpu/vllm-node-build.json").mtime == built, "rebuilt, not switched"
-    install = task_results(out, INSTALL_TASK)
+    install = playbook.statuses(out, INSTALL_TASK)
     assert install in ([], ["skipping"]), "the rollback installed"
     rc, out = role_alone("10-vllm-env-rollback-again", vllm_env_rollback=True)
     assert rc == 0, out[-3000:]
-    assert recap(out)["changed"] == 0, "a second rollback has nothing left to switch"
+    assert playbook.recap(out, NODE)["changed"] == 0, "a second rollback has nothing left to switch"
     assert links(host) == (f"{ROOT}/venvs/{PREVIOUS}-cpu",) * 2
 
 

@@ -10,42 +10,29 @@ import hashlib
 import json
 import os
 import re
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from harness import playbook
+from harness.project import PROJECT
+
 SCENARIO = Path(__file__).resolve().parents[1]
-PROJECT = SCENARIO.parents[1]
 HUB = "http://127.0.0.1:8999"
 TOKEN = "hf_mpTEST_s3cr3t_7f3a9c2e"
 TIMINGS: dict[str, float] = {}
 
 
 def run_play(name: str, extra: dict[str, Any], expect_ok: bool = True) -> str:
-    """ansible-playbook run.yml with extra vars; returns stdout+stderr; asserts the exit status."""
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
-        json.dump(extra, handle)
-    env = dict(os.environ)
-    env["ANSIBLE_ROLES_PATH"] = str(PROJECT / "roles")
-    env["ANSIBLE_COLLECTIONS_PATH"] = str(PROJECT / "collections")
-    env["ANSIBLE_CONFIG"] = str(PROJECT / "ansible.cfg")
-    env["ANSIBLE_FORCE_COLOR"] = "0"
-    env["ANSIBLE_NOCOLOR"] = "1"
-    inventory = os.environ["MOLECULE_INVENTORY_FILE"]
-    cmd = ["ansible-playbook", "-i", inventory, str(SCENARIO / "run.yml"), "-e", "@" + handle.name]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=PROJECT, env=env, capture_output=True, text=True, timeout=1800, check=False)
-    TIMINGS[name] = round(time.monotonic() - start, 1)
-    os.unlink(handle.name)
-    output = proc.stdout + proc.stderr
-    log = Path(os.environ.get("MOLECULE_EPHEMERAL_DIRECTORY", tempfile.gettempdir())) / f"mp-{name}.log"
-    log.write_text(output)
-    assert (proc.returncode == 0) == expect_ok, (
-        f"{name}: rc={proc.returncode}, expected ok={expect_ok}\n{output[-6000:]}"
+    """ansible-playbook run.yml with extra vars; returns its output (kept in artifacts/model_pipeline/<name>.log);
+    asserts the exit status."""
+    proc = playbook.in_scenario("model_pipeline", name, SCENARIO / "run.yml", extra_vars=extra, timeout=1800,
+                                inventory=os.environ["MOLECULE_INVENTORY_FILE"])
+    TIMINGS[name] = round(proc.seconds, 1)
+    assert (proc.rc == 0) == expect_ok, (
+        f"{name}: rc={proc.rc}, expected ok={expect_ok}\n{proc.output[-6000:]}"
     )
-    return output
+    return proc.output
 
 
 def hub(host, action: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -61,7 +48,7 @@ def hub(host, action: str, payload: dict[str, Any] | None = None) -> dict[str, A
     return json.loads(res.stdout)
 
 
-def served(host, repo: str) -> dict[str, dict[str, int]]:
+def hub_counters(host, repo: str) -> dict[str, dict[str, int]]:
     """Per-file counters of the hub for one repo, keyed by path inside the repo."""
     files = hub(host, "counters")["files"]
     prefix = repo + "/"
@@ -146,13 +133,14 @@ def test_metadata_step_first_then_shards_with_disk_refusal(host) -> None:
     assert res["config"]["architectures"] == ["DeepseekV3ForCausalLM"]
     index = json.loads(host.file(f"{revision_dir(host, root, repo)}/model.safetensors.index.json").content_string)
     assert res["checkpoint_bytes"] == index["metadata"]["total_size"] > 0
-    shards = [p for p in served(host, repo) if p.endswith(".safetensors")]
+    shards = [p for p in hub_counters(host, repo) if p.endswith(".safetensors")]
     assert shards == [], f"the metadata step fetched shards: {shards}"
     assert not host.file(f"{revision_dir(host, root, repo)}/model-00001-of-00003.safetensors").exists
     hub(host, "reset")
     out = run_play("disk_refusal", base(root, repo, model_download_disk_margin_bytes=1048576), expect_ok=False)
     assert "not enough disk space" in out and "missing" in out and "Nothing was downloaded" in out
-    assert [p for p in served(host, repo) if p.endswith(".safetensors")] == [], "refusal must come before any shard"
+    shards = [p for p in hub_counters(host, repo) if p.endswith(".safetensors")]
+    assert shards == [], "refusal must come before any shard"
     host.run(f"umount {root}")
 
 
@@ -164,14 +152,14 @@ def test_interrupted_download_resumes_only_the_missing_shard(host) -> None:
     hub(host, "drop", {"glob": f"{repo}/{big}", "after_bytes": 1_000_000, "times": 50})
     out = run_play("interrupted", base(root, repo), expect_ok=False)
     assert "hf download of" in out and "failed" in out and "run the play again to resume" in out.lower()
-    first = served(host, repo)
+    first = hub_counters(host, repo)
     assert first[big]["drops"] >= 1
     assert not host.file(f"{revision_dir(host, root, repo)}/{big}").exists
     for other in ("model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"):
         assert host.file(f"{revision_dir(host, root, repo)}/{other}").exists, f"{other} should have survived"
     hub(host, "reset")
     run_play("resumed", base(root, repo))
-    second = served(host, repo)
+    second = hub_counters(host, repo)
     refetched = {p: c["bytes"] for p, c in second.items() if c.get("bytes")}
     assert set(refetched) == {big}, f"only the interrupted shard may be fetched again, got {refetched}"
     assert refetched[big] == host.file(f"{revision_dir(host, root, repo)}/{big}").size == 2443848
@@ -212,7 +200,7 @@ def test_corrupted_shard_is_detected_and_repaired_on_request(host) -> None:
     assert not host.file(f"{revision_dir(host, root, repo)}/.vllm-node-complete.json").exists
     hub(host, "reset")
     run_play("corrupt_repaired", base(root, repo, model_download_repair=True))
-    assert served(host, repo)["model-00001-of-00003.safetensors"]["bytes"] == 524504
+    assert hub_counters(host, repo)["model-00001-of-00003.safetensors"]["bytes"] == 524504
     marker = host.file(f"{revision_dir(host, root, repo)}/.vllm-node-complete.json").content_string
     assert json.loads(marker)["verified"] is True
 
@@ -321,7 +309,7 @@ def test_revision_b_after_a_downloads_only_the_changed_shard(host) -> None:
     res_b = result(host)
     dir_b = res_b["dir"]
     assert res_b["commit"] != res_a["commit"] and dir_b == f"{root}/{REV_REPO}/revisions/{res_b['commit']}"
-    sent = {path: c["bytes"] for path, c in served(host, REV_REPO).items() if c.get("bytes")}
+    sent = {path: c["bytes"] for path, c in hub_counters(host, REV_REPO).items() if c.get("bytes")}
     total = sum(f["size"] for f in res_b["files"])
     TIMINGS["rev_b_downloaded_bytes"], TIMINGS["rev_b_total_bytes"] = sum(sent.values()), total
     assert SHARDS[0] not in sent and SHARDS[1] not in sent, f"unchanged shards were downloaded: {sent}"
@@ -403,7 +391,7 @@ def test_the_old_flat_layout_is_moved_into_its_revision(host) -> None:
     kept_apart = {".vllm-node-complete.json", ".vllm-node-download.json"}
     moved_files = {k: v for k, v in sha256_of_files(host, model_dir).items() if k not in kept_apart}
     assert moved_files == {k: v for k, v in files.items() if k not in kept_apart}, "every file moved, unchanged"
-    assert sum(c["bytes"] for c in served(host, REV_REPO).values()) == 0, "moving must not download"
+    assert sum(c["bytes"] for c in hub_counters(host, REV_REPO).values()) == 0, "moving must not download"
     marker = json.loads(host.file(f"{model_dir}/.vllm-node-complete.json").content_string)
     assert marker["commit"] == commit and len(marker["sha256"]) == 11, "verified again, sha256 recorded"
     assert "changed=0" in run_play("flat_rerun", base(root, REV_REPO))

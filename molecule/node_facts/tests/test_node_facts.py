@@ -3,35 +3,28 @@ node) and compare its facts with what the node itself says."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from harness import playbook
+
 DUMP = Path(__file__).resolve().parent / "dump_facts.yml"
 VARIANTS = "/etc/vllm-node-fake-gpus.d"
 
 
-def ansible_playbook(host: Any, *args: str, all_nodes: bool = False) -> subprocess.CompletedProcess[str]:
+def ansible_playbook(host: Any, path: str, *args: str, all_nodes: bool = False) -> playbook.Run:
     """ansible-playbook from the controller venv against this test's node (or every node of the scenario, in
     parallel), through molecule's own inventory (docker connection)."""
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), ANSIBLE_ROLES_PATH=str(REPO / "roles"),
-               ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
-    env.pop("ANSIBLE_CALLBACKS_ENABLED", None)
     inventory = host.backend.ansible_inventory
-    target = ["-i", inventory] if inventory else ["-i", f"{host.backend.host},", "-c", "community.docker.docker"]
-    if inventory and not all_nodes:
-        target += ["--limit", host.backend.host]
-    cmd = [str(Path(sys.executable).with_name("ansible-playbook")), *target, *args]
-    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900, check=False)
+    target = [] if inventory else ["-i", f"{host.backend.host},", "-c", "community.docker.docker"]
+    limit = host.backend.host if inventory and not all_nodes else None
+    return playbook.run(path, *target, *args, inventory=inventory, limit=limit, timeout=900,
+                        env=playbook.environment(drop=("ANSIBLE_CALLBACKS_ENABLED",)))
 
 
-_RUNS: dict[str, tuple[subprocess.CompletedProcess[str], Path]] = {}
+_RUNS: dict[str, tuple[playbook.Run, Path]] = {}
 
 
 def node_facts(host: Any, tmp_path_factory: pytest.TempPathFactory, case: str) -> dict[str, Any]:
@@ -41,7 +34,7 @@ def node_facts(host: Any, tmp_path_factory: pytest.TempPathFactory, case: str) -
         out = tmp_path_factory.mktemp("facts")
         _RUNS[key] = (ansible_playbook(host, str(DUMP), "-e", f"facts_dir={out}", all_nodes=True), out)
     proc, out = _RUNS[key]
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.rc == 0, proc.output
     return json.loads((out / f"{host.backend.host}-{case}.json").read_text())
 
 
@@ -110,15 +103,15 @@ def test_check_mode_reports_the_same_facts(host: Any, tmp_path_factory: Any) -> 
     facts = node_facts(host, tmp_path_factory, "check")
     assert facts["node_facts_gpus"] == node_facts(host, tmp_path_factory, "default")["node_facts_gpus"]
     proc = _RUNS[host.backend.ansible_inventory or host.backend.host][0]
-    changed = [line for line in proc.stdout.splitlines()
+    changed = [line for line in proc.output.splitlines()
                if line.startswith("changed:") and "-> localhost" not in line and host.backend.host in line]
     assert changed == [], "node_facts must not change the node, in any case"
 
 
 def test_relative_model_root_is_refused_before_probing(host: Any, tmp_path: Path) -> None:
     proc = ansible_playbook(host, str(DUMP), "-e", f"facts_dir={tmp_path}", "-e", "node_facts_model_root=models")
-    assert proc.returncode != 0 and not list(tmp_path.iterdir())
-    assert "node_facts_model_root must be an absolute path" in proc.stdout
+    assert proc.rc != 0 and not list(tmp_path.iterdir())
+    assert "node_facts_model_root must be an absolute path" in proc.output
 
 
 def test_probes_changed_nothing(host: Any) -> None:

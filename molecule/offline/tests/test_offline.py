@@ -20,7 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
+from harness import playbook
+from harness.project import PROJECT
+
 HOST = "offline-bookworm"
 BUNDLES = PROJECT / ".cache" / "bundle"
 BUNDLE = (BUNDLES / "offline-scenario").resolve()
@@ -40,18 +42,6 @@ try:
 except Exception as exc:
     print("FAILED", type(exc).__name__, exc)
 """
-
-
-def site(*extra: str, timeout: int = 3600) -> tuple[int, str, float]:
-    """ansible-playbook playbooks/site.yml against the molecule inventory; (rc, output, seconds)."""
-    inventory = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"]) / "inventory"
-    env = dict(os.environ, ANSIBLE_ROLES_PATH=str(PROJECT / "roles"),
-               ANSIBLE_COLLECTIONS_PATH=str(PROJECT / "collections"), ANSIBLE_CONFIG=str(PROJECT / "ansible.cfg"),
-               ANSIBLE_FORCE_COLOR="0")
-    start = time.monotonic()
-    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), "playbooks/site.yml", "--limit", HOST, *extra],
-                          cwd=PROJECT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
 def probe(host, url: str) -> str:
@@ -172,7 +162,9 @@ def test_bundle_signed_by_another_key_is_refused_node_unchanged(host):
         try:
             before = host.check_output(NODE_STATE)
             extra = ["-e", f"vllm_node_bundle_signing_key={ours}"] if pin else []
-            rc, out, seconds = site("-e", f"vllm_node_bundle_url={SERVER}/{target.name}", *extra)
+            rc, out, seconds = playbook.in_scenario("offline", f"resigned-pinned-{pin}", "playbooks/site.yml", "-e",
+                                                    f"vllm_node_bundle_url={SERVER}/{target.name}", *extra,
+                                                    limit=HOST, timeout=3600)
             after = host.check_output(NODE_STATE)
         finally:
             shutil.rmtree(target, ignore_errors=True)
@@ -194,7 +186,9 @@ def test_tampered_bundle_is_refused_naming_the_files_node_unchanged(host):
         # The node holds a verified copy of the same plan: without it the node must fetch (the tampered) files.
         host.check_output(f"rm -rf {NODE_BUNDLE_DIR}")
         before = host.check_output(NODE_STATE)
-        rc, out, seconds = site("-e", f"vllm_node_bundle_url={SERVER}/{target.name}")
+        rc, out, seconds = playbook.in_scenario("offline", "tampered", "playbooks/site.yml", "-e",
+                                                f"vllm_node_bundle_url={SERVER}/{target.name}", limit=HOST,
+                                                timeout=3600)
         after = host.check_output(NODE_STATE)
     finally:
         shutil.rmtree(target, ignore_errors=True)

@@ -4,32 +4,36 @@ They replace molecule's own idempotence and check stages (molecule.yml), which r
 less: test_site.py holds the re-run to changed=0, no handler, the same process and a wall-time bound, and the
 check-mode run to changed=0 and the same process; test_manifest.py holds the check-mode run's manifest tasks to
 "ok". Both run the scenario's converge.yml (site.yml, the local Prometheus and the restart witness) right after the
-converge, as molecule's stages did, before any test changes the node.
+converge, as molecule's stages did, before any test changes the node. Their output: artifacts/site_e2e/<run>.log.
 """
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import pytest
-import testinfra
-from node_runs import HOST, SCENARIO, playbook
 
-SYSTEMD_STATE = "systemctl show vllm -p MainPID -p ActiveEnterTimestamp"
+from harness import playbook, project, unit
+
+HOST = "site_e2e-bookworm"
+SCENARIO = Path(__file__).resolve().parents[1]
+STATE = ("MainPID", "ActiveEnterTimestamp")
 
 
-def _run(host, *extra: str) -> dict[str, Any]:
+def _run(host: Any, name: str, *extra: str) -> dict[str, Any]:
     """converge.yml with `extra` flags; its result with the unit's state before and after and the mean load."""
-    before = host.check_output(SYSTEMD_STATE)
+    before = unit.show(host, "vllm", STATE)
     load_before = os.getloadavg()[0]
-    rc, out, seconds = playbook(SCENARIO / "converge.yml", *extra)
-    return {"rc": rc, "out": out, "seconds": seconds, "before": before, "after": host.check_output(SYSTEMD_STATE),
+    rc, out, seconds = playbook.run(SCENARIO / "converge.yml", *extra, inventory=project.molecule_inventory(),
+                                    log=project.ARTIFACTS / "site_e2e" / f"{name}.log")
+    return {"rc": rc, "out": out, "seconds": seconds, "before": before, "after": unit.show(host, "vllm", STATE),
             "load": (load_before + os.getloadavg()[0]) / 2}
 
 
 @pytest.fixture(scope="session", autouse=True)
-def converged_reruns(request) -> dict[str, dict[str, Any]]:
+def converged_reruns() -> dict[str, dict[str, Any]]:
     """{"rerun": ..., "check": ...}: the idempotent second run, then `--check --diff`, on the converged node."""
     # testinfra's `host` is per module; the same node, reached the same way, for the whole session
-    host = testinfra.get_host(f"ansible://{HOST}", ansible_inventory=request.config.getoption("ansible_inventory"))
-    return {"rerun": _run(host), "check": _run(host, "--check", "--diff")}
+    host = project.machine(HOST)
+    return {"rerun": _run(host, "rerun"), "check": _run(host, "check", "--check", "--diff")}

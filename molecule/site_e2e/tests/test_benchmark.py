@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import json
 
-from measurements import record
-from node_runs import HOST, PROJECT, playbook
+from harness import node, playbook
+from harness.figures import Figures
+from harness.project import ARTIFACTS, PROJECT
 
-ARTIFACTS = PROJECT / "artifacts"
+HOST = "site_e2e-bookworm"
+record = Figures(ARTIFACTS / "site_e2e-measurements.json").record
 STATE = "/var/lib/vllm-node/benchmark-last.json"
 FIGURES = ("output_tps", "per_user_tps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
            "itl_ms_p50", "itl_ms_p99")
@@ -23,17 +25,8 @@ FIGURES = ("output_tps", "per_user_tps", "ttft_ms_p50", "ttft_ms_p99", "tpot_ms_
 testinfra_hosts = [f"ansible://{HOST}"]
 
 
-def report() -> dict:
-    return json.loads((ARTIFACTS / f"inference-check-{HOST}.json").read_text())
-
-
-def verify(*extra: str) -> tuple[int, str, float]:
-    """playbooks/verify.yml against the molecule inventory; (rc, output, seconds)."""
-    return playbook(PROJECT / "playbooks/verify.yml", *extra, timeout=900)
-
-
 def test_the_check_json_carries_the_benchmark_and_its_band_verdict(host):
-    checked = report()
+    checked = node.inference_check(HOST)
     bench = checked["benchmark"]
     assert "levels" in bench, f"no benchmark figures in the check JSON: {bench}"
     levels = bench["levels"]
@@ -67,22 +60,23 @@ def test_the_check_json_carries_the_benchmark_and_its_band_verdict(host):
 
 
 def test_a_regression_beyond_the_band_fails_the_check_with_the_numbers(host):
-    checked = report()
+    checked = node.inference_check(HOST)
     plan = checked["plan"]
     kept_before = host.file(STATE).content_string
     pages = {path: path.read_text() for path in (ARTIFACTS / f"inference-check-{HOST}.json",
                                                   ARTIFACTS / f"inference-check-{HOST}.html")}
     impossible = {plan["model"]: {"cpu": {plan["vllm_version"]: {"single": {"output_tps": {"min": 1e6}}}}}}
-    rc, out, seconds = verify("-e", json.dumps({"inference_check_benchmark_bands": impossible}),
-                              "-e", "inference_check_benchmark_rerun=true",
-                              "-e", "inference_check_benchmark_num_prompts=2",
-                              "-e", "inference_check_benchmark_concurrency=1")
+    rc, out, seconds = playbook.in_scenario("site_e2e", "benchmark-regression", PROJECT / "playbooks/verify.yml",
+                                            "-e", json.dumps({"inference_check_benchmark_bands": impossible}),
+                                            "-e", "inference_check_benchmark_rerun=true",
+                                            "-e", "inference_check_benchmark_num_prompts=2",
+                                            "-e", "inference_check_benchmark_concurrency=1", timeout=900)
     record("benchmark_regression_verify_seconds", round(seconds, 1))
     assert rc != 0, out[-3000:]
     text = " ".join(out.split())
     assert "Inference check failed" in text and "c=1 output_tps: measured" in text, out[-3000:]
     assert "expected >= 1e+06" in text and "band 1e+06..-" in text, out[-3000:]
-    failed = report()
+    failed = node.inference_check(HOST)
     for path, content in pages.items():  # the converged node's report again, for the tests after this one
         path.write_text(content)
     assert failed["benchmark"]["verdict"]["passed"] is False

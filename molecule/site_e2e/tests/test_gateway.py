@@ -7,7 +7,6 @@ paths (file order), on the converged node. Figures are appended to artifacts/sit
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import os
@@ -15,17 +14,18 @@ import re
 import socket
 import ssl
 import time
-from pathlib import Path
 
 import pytest
-from measurements import record
 
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
-ARTIFACTS = PROJECT / "artifacts"
+from harness import node
+from harness.api import Gateway, chat
+from harness.figures import Figures
+from harness.project import ARTIFACTS
+
 HOST = "site_e2e-bookworm"
 GATEWAY_PORT = 443
 VLLM_PORT = 8000
-CA = ARTIFACTS / "gateway-ca" / "ca.crt"
+record = Figures(ARTIFACTS / "site_e2e-measurements.json").record
 
 testinfra_hosts = [f"ansible://{HOST}"]
 
@@ -54,44 +54,25 @@ def address(host) -> str:
 
 
 @pytest.fixture(scope="module")
+def gateway(address) -> Gateway:
+    """The gateway at the node's address, TLS checked against the demo CA only."""
+    return Gateway(address, GATEWAY_PORT)
+
+
+@pytest.fixture(scope="module")
 def api_key(host) -> str:
-    return host.check_output("cat /etc/vllm/api-key").strip()
+    return node.api_key(host)
 
 
 @pytest.fixture(scope="module")
 def model() -> str:
-    return json.loads((ARTIFACTS / f"plan-{HOST}.json").read_text())["served_model_name"]
-
-
-def tls() -> ssl.SSLContext:
-    """Trusts the demo CA only."""
-    return ssl.create_default_context(cafile=str(CA))
-
-
-def request(address: str, method: str, path: str, api_key: str | None = None, body: dict | None = None,
-            timeout: float = 60) -> tuple[int, bytes]:
-    """One HTTPS request through the gateway, the path sent as given (no client-side normalisation)."""
-    conn = http.client.HTTPSConnection(address, GATEWAY_PORT, context=tls(), timeout=timeout)
-    headers = {"Content-Type": "application/json"}
-    if api_key is not None:
-        headers["Authorization"] = f"Bearer {api_key}"
-    try:
-        conn.request(method, path, body=json.dumps(body or {}) if method == "POST" else None, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read()
-    finally:
-        conn.close()
-
-
-def chat(model: str, max_tokens: int, **extra) -> dict:
-    return {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": max_tokens,
-            "ignore_eos": True, **extra}
+    return node.planned(HOST)["served_model_name"]
 
 
 def test_tls_is_the_demo_cas(address):
     """The certificate verifies against the generated CA (name = the node's address), not against the system's."""
     with (socket.create_connection((address, GATEWAY_PORT), timeout=10) as raw,
-          tls().wrap_socket(raw, server_hostname=address) as conn):
+          Gateway(address, GATEWAY_PORT).tls().wrap_socket(raw, server_hostname=address) as conn):
         assert conn.version() in ("TLSv1.2", "TLSv1.3")
     with (socket.create_connection((address, GATEWAY_PORT), timeout=10) as raw,
           pytest.raises(ssl.SSLCertVerificationError)):
@@ -99,9 +80,9 @@ def test_tls_is_the_demo_cas(address):
 
 
 @pytest.mark.parametrize("method,path", PATHS)
-def test_every_path_refused_without_or_with_a_wrong_key(address, method, path):
+def test_every_path_refused_without_or_with_a_wrong_key(gateway, method, path):
     for api_key in (None, "sk-wrong", ""):
-        status, body = request(address, method, path, api_key=api_key)
+        status, body = gateway.request(method, path, api_key=api_key)
         assert status in (401, 403), (method, path, api_key, status, body[:200])
 
 
@@ -111,47 +92,29 @@ def test_vllm_itself_answers_those_paths_without_a_key(host):
 
 
 @pytest.mark.parametrize("method,path,expected", REFUSED_WITH_KEY)
-def test_paths_outside_the_allowlist_refused_with_the_key(address, api_key, method, path, expected):
-    status, body = request(address, method, path, api_key=api_key)
+def test_paths_outside_the_allowlist_refused_with_the_key(gateway, api_key, method, path, expected):
+    status, body = gateway.request(method, path, api_key=api_key)
     assert status == expected, (method, path, status, body[:200])
 
 
-def test_health_answered_by_the_gateway(address):
-    status, body = request(address, "GET", "/health")
+def test_health_answered_by_the_gateway(gateway):
+    status, body = gateway.request("GET", "/health")
     assert (status, json.loads(body)) == (200, {"status": "ok"})
 
 
-def test_openai_api_with_the_key(address, api_key, model):
-    status, body = request(address, "GET", "/v1/models", api_key=api_key)
+def test_openai_api_with_the_key(gateway, api_key, model):
+    status, body = gateway.request("GET", "/v1/models", api_key=api_key)
     assert status == 200
     assert model in [m["id"] for m in json.loads(body)["data"]]
-    status, body = request(address, "POST", "/v1/chat/completions", api_key=api_key, body=chat(model, 16))
+    status, body = gateway.request("POST", "/v1/chat/completions", api_key=api_key, body=chat(model, 16))
     assert status == 200, body[:300]
     assert json.loads(body)["usage"]["completion_tokens"] == 16
 
 
-def stream(address: str, api_key: str, body: dict) -> tuple[float, list[float], int]:
-    """A streamed chat completion through the gateway: (seconds to [DONE], arrival time of each data event, status)."""
-    conn = http.client.HTTPSConnection(address, GATEWAY_PORT, context=tls(), timeout=120)
-    start = time.monotonic()
-    conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
-                 headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
-    response = conn.getresponse()
-    arrivals = []
-    while line := response.readline():     # de-chunked; the connection stays open after [DONE]
-        if line.strip() == b"data: [DONE]":
-            break
-        if line.startswith(b"data: "):
-            arrivals.append(time.monotonic() - start)
-    end = time.monotonic() - start
-    conn.close()
-    return end, arrivals, response.status
-
-
-def test_streaming_passes_through_unbuffered(address, api_key, model):
+def test_streaming_passes_through_unbuffered(gateway, api_key, model):
     """Events arrive one by one while the generation runs. Buffered, the 512 events (about 100 KB) would arrive at
     its end in a handful of reads of the proxy's 16 KB buffers, within milliseconds."""
-    total, arrivals, status = stream(address, api_key, chat(model, 512, stream=True))
+    total, arrivals, status = gateway.stream(api_key, chat(model, 512, stream=True))
     assert status == 200
     # Under load vLLM may put several tokens in one event (489 events for 512 tokens in a CI run): count events loosely.
     assert len(arrivals) >= 256, len(arrivals)
@@ -168,15 +131,15 @@ def long_generation_n(max_tokens: int, seconds: float, output_tps: float) -> int
     return max(1, math.ceil(seconds * output_tps / max_tokens))
 
 
-def test_a_generation_longer_than_a_minute_is_not_cut(address, api_key, model):
+def test_a_generation_longer_than_a_minute_is_not_cut(gateway, api_key, model):
     """Not streamed (nothing is sent until the answer is complete: the case a proxy timeout cuts): > 60 s, 200.
 
     The tiny model generates fast; parallel samples (n) of the whole context make one request last a minute or
     more. n is sized for 80 s from the check's benchmark throughput at the planned concurrency, then from the
     request's own rate if it ended sooner (the machine's load varies); each request answered 200.
     """
-    max_model_len = json.loads((ARTIFACTS / f"plan-{HOST}.json").read_text())["max_model_len"]
-    checked = json.loads((ARTIFACTS / f"inference-check-{HOST}.json").read_text())
+    max_model_len = node.planned(HOST)["max_model_len"]
+    checked = node.inference_check(HOST)
     max_tokens = max_model_len - 96
     n = int(os.environ.get("GATEWAY_LONG_N", "0")) or long_generation_n(
         max_tokens, 80, checked["benchmark"]["levels"]["planned"]["output_tps"])
@@ -184,7 +147,7 @@ def test_a_generation_longer_than_a_minute_is_not_cut(address, api_key, model):
     for _ in range(3):
         body = chat(model, max_tokens, n=n)
         start = time.monotonic()
-        status, answer = request(address, "POST", "/v1/chat/completions", api_key=api_key, body=body, timeout=900)
+        status, answer = gateway.request("POST", "/v1/chat/completions", api_key=api_key, body=body, timeout=900)
         seconds = time.monotonic() - start
         runs.append({"n": n, "max_tokens": max_tokens, "seconds": round(seconds, 1), "status": status})
         assert status == 200, answer[:300]
@@ -194,17 +157,6 @@ def test_a_generation_longer_than_a_minute_is_not_cut(address, api_key, model):
         n = max(n + 1, long_generation_n(max_tokens, 80, n * max_tokens / seconds))
     record("gateway_long_generation", runs)
     assert runs[-1]["seconds"] > 60, f"no generation lasted a minute: {runs}; set GATEWAY_LONG_N"
-
-
-def listening(host) -> list[tuple[str, int, str]]:
-    """(address, port, process users) of every listening TCP socket in the node."""
-    found = []
-    for line in host.check_output("ss -Hltnp").splitlines():
-        fields = line.split()
-        local = fields[3]
-        addr, port = local.rsplit(":", 1)
-        found.append((addr.strip("[]"), int(port), " ".join(fields[5:])))
-    return found
 
 
 def test_the_service_user_listens_on_loopback_only(host):
@@ -222,7 +174,7 @@ def test_the_service_user_listens_on_loopback_only(host):
 def test_no_port_but_the_gateways_reachable_from_outside(host, address):
     """Every TCP port listening in the node, tried from the controller at the node's address: only the gateway's
     accepts (vLLM's API, its inter-process ports and the local hub are loopback-only)."""
-    ports = sorted({port for _, port, _ in listening(host)})
+    ports = sorted({port for _, port, _ in node.listening(host)})
     reachable = []
     for port in ports:
         try:

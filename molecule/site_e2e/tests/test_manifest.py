@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 
-from node_runs import HOST, PROJECT
-
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import node_manifest as nm
-from playbook_output import task_results
+from harness import node, playbook
+from harness.project import ARTIFACTS
 
-ARTIFACTS = PROJECT / "artifacts"
+HOST = "site_e2e-bookworm"
 MANIFEST = "/etc/vllm-node/manifest.json"
-KEY_FILE = "/etc/vllm/api-key"
 
 testinfra_hosts = [f"ansible://{HOST}"]
 
@@ -79,12 +77,12 @@ def test_check_mode_on_the_converged_node_changes_no_manifest(host, converged_re
     out = converged_reruns["check"]["out"]
     assert converged_reruns["check"]["rc"] == 0, out[-4000:]
     for task in ("node_manifest : Write the manifest on the node", "node_manifest : Write the controller copy"):
-        assert task_results(out, task) == ["ok"], (task, out[-4000:])
+        assert playbook.statuses(out, task) == ["ok"], (task, out[-4000:])
     assert "not written" not in out
     assert node_manifest(host)[0] == text
 
 
 def test_no_secret_in_the_manifest(host):
     text, _ = node_manifest(host)
-    api_key = host.check_output(f"cat {KEY_FILE}").strip()
+    api_key = node.api_key(host)
     assert len(api_key) >= 16 and api_key not in text

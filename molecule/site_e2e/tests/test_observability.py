@@ -8,17 +8,15 @@ on a renamed metric; the canned Xid fires GpuXidError end to end; nothing listen
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import time
 import urllib.parse
-from pathlib import Path
 
 import yaml
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import metric_names as mn
+import metric_names as mn
+from harness.project import PROJECT
 
-PROJECT = Path(os.environ.get("MOLECULE_PROJECT_DIRECTORY", Path(__file__).resolve().parents[3]))
 HOST = "site_e2e-bookworm"
 PROMETHEUS = "http://127.0.0.1:9090"
 CONFIG_DIR = "/etc/prometheus/vllm-node"

@@ -10,58 +10,37 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import time
+from pathlib import Path
 
-from measurements import record
-from node_runs import HOST, PROJECT, SCENARIO, changed_tasks, playbook, recap_changed
+from harness import api, node, playbook
+from harness.figures import Figures
+from harness.project import ARTIFACTS, PROJECT
+from harness.unit import show
 
-ARTIFACTS = PROJECT / "artifacts"
+HOST = "site_e2e-bookworm"
+SCENARIO = Path(__file__).resolve().parents[1]
 PORT = 8000
+URL = f"http://127.0.0.1:{PORT}"
 # The fault paths' inference checks skip the serving benchmark (~35 s a start): test_benchmark.py proves it on the
 # converge's check; here the check's health, completion and KV figures are what the tests read.
 NO_BENCHMARK = ("-e", "inference_check_benchmark=false")
 KEY_FILE = "/etc/vllm/api-key"
+UNIT = ("ActiveState", "SubState", "MainPID", "NRestarts", "ActiveEnterTimestamp", "InvocationID", "UnitFileState")
+record = Figures(ARTIFACTS / "site_e2e-measurements.json").record
 
 testinfra_hosts = [f"ansible://{HOST}"]
 
 
 def unit(host) -> dict:
     """systemctl show of the vllm unit as a dict."""
-    out = host.check_output(
-        "systemctl show vllm -p ActiveState -p SubState -p MainPID -p NRestarts -p ActiveEnterTimestamp "
-        "-p InvocationID -p UnitFileState"
-    )
-    return dict(line.split("=", 1) for line in out.splitlines())
-
-
-def key(host) -> str:
-    return host.check_output(f"cat {KEY_FILE}").strip()
-
-
-def curl(host, path: str, api_key: str | None = None, body: dict | None = None) -> tuple[int, str]:
-    """HTTP status and body of a request sent from the node."""
-    cmd = f"curl -s -o /tmp/e2e-body -w '%{{http_code}}' http://127.0.0.1:{PORT}{path}"
-    if api_key:
-        cmd += f" -H {shlex.quote('Authorization: Bearer ' + api_key)}"
-    if body is not None:
-        cmd += f" -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}"
-    status = host.run(cmd).stdout.strip()
-    return int(status or 0), host.run("cat /tmp/e2e-body").stdout
+    return show(host, "vllm", UNIT)
 
 
 def model_dir() -> str:
     """The model directory the unit serves (--model of the planned argv)."""
-    argv = plan()["service"]["argv"]
+    argv = node.planned(HOST)["service"]["argv"]
     return argv[argv.index("--model") + 1]
-
-
-def plan() -> dict:
-    return json.loads((ARTIFACTS / f"plan-{HOST}.json").read_text())
-
-
-def report() -> dict:
-    return json.loads((ARTIFACTS / f"inference-check-{HOST}.json").read_text())
 
 
 def logged_kv_tokens(host) -> int:
@@ -75,7 +54,7 @@ def logged_kv_tokens(host) -> int:
 
 def check_kv_tokens_match(host, label: str) -> None:
     """The plan's KV tokens vs vLLM's logged "CPU KV cache size" within 1 % (recorded as kv_tokens_<label>)."""
-    planned = plan()["kv"]["tokens"]
+    planned = node.planned(HOST)["kv"]["tokens"]
     actual = logged_kv_tokens(host)
     record(f"kv_tokens_{label}", {"plan": planned, "vllm": actual, "relative": (actual - planned) / planned})
     assert abs(actual - planned) / planned <= 0.01
@@ -85,7 +64,7 @@ def wait_healthy(host, timeout: int = 1500) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout:
         state = unit(host)
-        if state["ActiveState"] == "active" and curl(host, "/health")[0] == 200:
+        if state["ActiveState"] == "active" and api.curl(host, URL + "/health")[0] == 200:
             return time.monotonic() - start
         time.sleep(3)
     raise AssertionError(f"vllm not healthy within {timeout} s: {unit(host)}")
@@ -113,8 +92,8 @@ def test_check_mode_on_the_converged_node_changes_and_restarts_nothing(converged
     run = converged_reruns["check"]
     record("check_mode_seconds", round(run["seconds"], 1))
     assert run["rc"] == 0, run["out"][-4000:]
-    record("check_mode_changed", recap_changed(run["out"]))
-    assert recap_changed(run["out"]) == 0, changed_tasks(run["out"])
+    record("check_mode_changed", playbook.recap(run["out"], HOST)["changed"])
+    assert playbook.recap(run["out"], HOST)["changed"] == 0, playbook.changed_tasks(run["out"])
     assert run["after"] == run["before"]
 
 
@@ -123,10 +102,10 @@ def test_fingerprint_record(host):
     record_file = host.file("/etc/vllm/vllm.fingerprint")
     assert (record_file.user, record_file.group, record_file.mode) == ("root", "root", 0o600)
     text = record_file.content_string
-    assert key(host) not in text
+    assert node.api_key(host) not in text
     data = json.loads("\n".join(line for line in text.splitlines() if not line.startswith("#")))
     inputs = data["inputs"]
-    assert inputs["service"] == plan()["service"]["fingerprint"]
+    assert inputs["service"] == node.planned(HOST)["service"]["fingerprint"]
     assert inputs["venv"] == host.check_output("readlink /opt/vllm/current")
     assert len(inputs["venv_lock_sha256"]) == 64
     assert inputs["unit_sha256"] == host.check_output("sha256sum /etc/systemd/system/vllm.service").split()[0]
@@ -154,7 +133,7 @@ def test_rerun_is_fast_and_changes_nothing(converged_reruns):
     cpus = os.cpu_count() or 1
     record("rerun", {"seconds": round(seconds, 1), "tasks": tasks, "ok": int(recap.group(1)),
                      "skipped": int(recap.group(3)), "load_average": round(load, 2), "cpus": cpus})
-    assert recap_changed(out) == 0, changed_tasks(out)
+    assert playbook.recap(out, HOST)["changed"] == 0, playbook.changed_tasks(out)
     assert "RUNNING HANDLER" not in out
     assert run["after"] == run["before"]
     assert seconds <= rerun_bound(120, load, cpus), f"re-run took {seconds:.0f} s at load {load:.1f} on {cpus} CPUs"
@@ -167,22 +146,22 @@ def test_listens_only_where_configured(host):
 
 
 def test_refuses_requests_without_key(host):
-    status, _ = curl(host, "/v1/models")
+    status, _ = api.curl(host, URL + "/v1/models")
     assert status == 401
-    status, _ = curl(host, "/v1/models", api_key="sk-wrong")
+    status, _ = api.curl(host, URL + "/v1/models", api_key="sk-wrong")
     assert status == 401
 
 
 def test_lists_served_model_with_key(host):
-    status, body = curl(host, "/v1/models", api_key=key(host))
+    status, body = api.curl(host, URL + "/v1/models", api_key=node.api_key(host))
     assert status == 200
-    assert plan()["served_model_name"] in [m["id"] for m in json.loads(body)["data"]]
+    assert node.planned(HOST)["served_model_name"] in [m["id"] for m in json.loads(body)["data"]]
 
 
 def test_real_completion(host):
-    body = {"model": plan()["served_model_name"], "messages": [{"role": "user", "content": "hello"}],
+    body = {"model": node.planned(HOST)["served_model_name"], "messages": [{"role": "user", "content": "hello"}],
             "max_tokens": 16, "ignore_eos": True}
-    status, answer = curl(host, "/v1/chat/completions", api_key=key(host), body=body)
+    status, answer = api.curl(host, URL + "/v1/chat/completions", api_key=node.api_key(host), body=body)
     assert status == 200, answer
     data = json.loads(answer)
     assert data["usage"]["completion_tokens"] == 16
@@ -193,7 +172,7 @@ def test_secret_files(host):
     for path in (KEY_FILE, "/etc/vllm/vllm.env"):
         f = host.file(path)
         assert (f.user, f.group, f.mode) == ("root", "root", 0o600), path
-    secret = key(host)
+    secret = node.api_key(host)
     assert len(secret) >= 32
     assert secret not in host.file("/etc/systemd/system/vllm.service").content_string
     pid = unit(host)["MainPID"]
@@ -211,15 +190,15 @@ def exec_start_line(unit_text: str) -> str:
 
 def test_unit_renders_the_plan(host):
     text = host.file("/etc/systemd/system/vllm.service").content_string
-    for arg in plan()["vllm_args"]:
+    for arg in node.planned(HOST)["vllm_args"]:
         assert f'"{arg}"' in text
-    for name, value in plan()["environment"].items():
+    for name, value in node.planned(HOST)["environment"].items():
         assert f'"{name}={value}"' in text
     assert '"HF_HUB_OFFLINE=1"' in text
     assert "VLLM_CACHE_ROOT=/var/lib/vllm/cache/vllm" in text
     assert '"--enforce-eager"' in text
     # The unit runs exactly the command the preflight computed (plan.service), nothing assembled elsewhere.
-    service = plan()["service"]
+    service = node.planned(HOST)["service"]
     exec_start = exec_start_line(text)
     assert re.findall(r'"((?:[^"\\]|\\.)*)"', exec_start)[3:] == service["argv"]
     for name, value in service["environment"].items():
@@ -243,7 +222,7 @@ def test_hardening_exposure(host):
 def test_plan_kv_tokens_match_vllm_gqa(host):
     """tiny Llama (GQA): the plan's KV tokens vs vLLM's logged "CPU KV cache size" within 1 %."""
     check_kv_tokens_match(host, "tiny_llama")
-    checked = report()
+    checked = node.inference_check(HOST)
     assert checked["failures"] == []
     assert checked["stream"]["time_to_first_token_s"] is not None
     record("check_tiny_llama", {k: checked[k] for k in ("stream", "unit", "plan_vs_actual")})
@@ -256,7 +235,8 @@ def test_fail_fast_on_impossible_context(host):
     """A max-model-len that cannot fit is refused by the preflight in seconds; the running service is untouched."""
     before = unit(host)
     unit_sum = host.check_output("sha256sum /etc/systemd/system/vllm.service")
-    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "-e", "vllm_node_max_model_len=4194304")
+    rc, out, seconds = playbook.in_scenario("site_e2e", "fail-fast", PROJECT / "playbooks/site.yml",
+                                            "-e", "vllm_node_max_model_len=4194304")
     record("fail_fast_seconds", round(seconds, 1))
     assert rc != 0
     failed_task = re.findall(r"TASK \[([^\]]+)\]", out.split("fatal:")[0])[-1] if "fatal:" in out else ""
@@ -276,7 +256,8 @@ def test_crash_is_restarted_and_check_passes(host):
     assert int(unit(host)["NRestarts"]) == int(before["NRestarts"]) + 1
     record("crash_restart_to_healthy_seconds", round(wait_healthy(host), 1))
     assert unit(host)["MainPID"] != before["MainPID"]
-    rc, out, seconds = playbook(PROJECT / "playbooks/verify.yml", *NO_BENCHMARK)
+    rc, out, seconds = playbook.in_scenario("site_e2e", "verify-after-crash", PROJECT / "playbooks/verify.yml",
+                                            *NO_BENCHMARK)
     assert rc == 0, out[-3000:]
     record("verify_seconds", round(seconds, 1))
 
@@ -295,7 +276,8 @@ def test_a_dependency_change_restarts_once(host):
     extra = json.dumps({"model_config_extra_rules": [rule]})
     files = "sha256sum /etc/systemd/system/vllm.service /etc/vllm/vllm.env /usr/local/libexec/vllm-node/wait-healthy.py"
     sums, before = host.check_output(files), unit(host)
-    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "-e", extra, *NO_BENCHMARK)
+    rc, out, seconds = playbook.in_scenario("site_e2e", "dependency-change", PROJECT / "playbooks/site.yml",
+                                            "-e", extra, *NO_BENCHMARK)
     assert rc == 0, out[-4000:]
     record("dependency_change_converge_seconds", round(seconds, 1))
     after = unit(host)
@@ -304,29 +286,29 @@ def test_a_dependency_change_restarts_once(host):
     assert (after["MainPID"], after["ActiveEnterTimestamp"]) != (before["MainPID"], before["ActiveEnterTimestamp"])
     assert host.check_output(files) == sums                     # nothing but the dependency changed
     assert "pretraining_tp" not in host.file(f"{model_dir()}/config.json").content_string
-    assert curl(host, "/v1/models", api_key=key(host))[0] == 200
+    assert api.curl(host, URL + "/v1/models", api_key=node.api_key(host))[0] == 200
 
 
 def test_mla_model_kv_tokens_match(host):
     """Switch to the tiny DeepseekV3 (MLA): one restart, and the plan's KV tokens match vLLM's within 1 %."""
     before = unit(host)
-    rc, out, seconds = playbook(PROJECT / "playbooks/site.yml", "-e", "vllm_node_model=tiny-deepseek-v3",
-                                *NO_BENCHMARK)
+    rc, out, seconds = playbook.in_scenario("site_e2e", "tiny-deepseek-v3", PROJECT / "playbooks/site.yml",
+                                            "-e", "vllm_node_model=tiny-deepseek-v3", *NO_BENCHMARK)
     assert rc == 0, out[-4000:]
     record("converge_tiny_deepseek_v3_seconds", round(seconds, 1))
     after = unit(host)
     assert after["InvocationID"] != before["InvocationID"]
     assert out.count("RUNNING HANDLER [vllm_service : Restart vllm]") == 1
-    assert plan()["attention"] == "mla"
+    assert node.planned(HOST)["attention"] == "mla"
     check_kv_tokens_match(host, "tiny_deepseek_v3")
-    assert report()["failures"] == []
+    assert node.inference_check(HOST)["failures"] == []
 
 
 def test_failing_config_is_rolled_back(host):
     """A unit vLLM cannot start (KV cache too small for the context) fails with the cause and the fix,
     and the previous unit is restored and serving again."""
     unit_sum = host.check_output("sha256sum /etc/systemd/system/vllm.service /etc/vllm/vllm.fingerprint")
-    rc, out, seconds = playbook(SCENARIO / "break_service.yml")
+    rc, out, seconds = playbook.in_scenario("site_e2e", "break-service", SCENARIO / "break_service.yml")
     record("vllm_own_kv_failure_and_rollback_seconds", round(seconds, 1))
     failed_after = re.search(r"did not become healthy on \S+ within (\d+) s", out)
     record("vllm_own_kv_failure_seconds", int(failed_after.group(1)) if failed_after else None)
@@ -336,6 +318,6 @@ def test_failing_config_is_rolled_back(host):
     assert "Rolled back to the previous configuration, which is healthy again" in out
     assert host.check_output("sha256sum /etc/systemd/system/vllm.service /etc/vllm/vllm.fingerprint") == unit_sum
     assert unit(host)["ActiveState"] == "active"
-    assert curl(host, "/v1/models", api_key=key(host))[0] == 200
+    assert api.curl(host, URL + "/v1/models", api_key=node.api_key(host))[0] == 200
     backups = host.check_output("ls /etc/systemd/system/ | grep -c '^vllm.service.*~$' || true")
     assert int(backups or 0) >= 1

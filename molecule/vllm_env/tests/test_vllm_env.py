@@ -3,7 +3,7 @@ import json
 import re
 from pathlib import Path
 
-from venv_checks import assert_build_record, assert_root_owned_and_read_only, assert_service_account, run_ok
+from harness.venv import assert_build_record, assert_root_owned_and_read_only, assert_service_account, run_ok
 
 ROOT = "/opt/vllm"
 ACTIVE = f"{ROOT}/venvs/0.32.0-cpu"
@@ -96,4 +96,3 @@ def test_published_facts(host):
     assert facts["vllm_env_bin_dir"] == f"{ROOT}/current/bin"
     assert facts["vllm_env_active_version"] == "0.32.0"
     assert facts["vllm_env_active_variant"] == "cpu"
-    assert facts["vllm_env_service_environment"]["VLLM_TARGET_DEVICE"] == "cpu"

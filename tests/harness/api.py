@@ -1,0 +1,112 @@
+"""HTTP in the tests: a request sent from a node with curl, and HTTPS through the gateway from the controller (TLS
+checked against the demo CA the play generated)."""
+from __future__ import annotations
+
+import http.client
+import json
+import shlex
+import ssl
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.project import ARTIFACTS
+
+CA = ARTIFACTS / "gateway-ca" / "ca.crt"
+BODY_FILE = "/tmp/harness-body"  # on the node: curl writes the body there, the status to stdout
+
+
+def curl(host: Any, url: str, api_key: str | None = None, body: dict[str, Any] | None = None) -> tuple[int, str]:
+    """HTTP status (0: no answer) and body of a request sent from the node with curl (POST when there is a body)."""
+    cmd = f"curl -s -o {BODY_FILE} -w '%{{http_code}}' {shlex.quote(url)}"
+    if api_key:
+        cmd += f" -H {shlex.quote('Authorization: Bearer ' + api_key)}"
+    if body is not None:
+        cmd += f" -H 'Content-Type: application/json' -d {shlex.quote(json.dumps(body))}"
+    status = host.run(cmd).stdout.strip()
+    return int(status or 0), host.run(f"cat {BODY_FILE}").stdout
+
+
+def chat(model: str, max_tokens: int, content: str = "hello", **extra: Any) -> dict[str, Any]:
+    """A chat completion's body that generates exactly `max_tokens` (ignore_eos)."""
+    return {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "ignore_eos": True, **extra}
+
+
+@dataclass
+class Gateway:
+    """The gateway at `address`:`port` as a client reaches it."""
+
+    address: str
+    port: int = 443
+    ca: Path = field(default=CA)
+
+    def tls(self) -> ssl.SSLContext:
+        """Trusts the demo CA only."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+    def connection(self, timeout: float) -> http.client.HTTPSConnection:
+        return http.client.HTTPSConnection(self.address, self.port, context=self.tls(), timeout=timeout)
+
+    def request(self, method: str, path: str, api_key: str | None = None, body: dict[str, Any] | None = None,
+                timeout: float = 60) -> tuple[int, bytes]:
+        """One HTTPS request, the path sent as given (no client-side normalisation); (status, body)."""
+        conn = self.connection(timeout)
+        headers = {"Content-Type": "application/json"}
+        if api_key is not None:
+            headers["Authorization"] = f"Bearer {api_key}"
+        try:
+            conn.request(method, path, body=json.dumps(body or {}) if method == "POST" else None, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def stream(self, api_key: str, body: dict[str, Any], timeout: float = 120) -> tuple[float, list[float], int]:
+        """A streamed chat completion: (seconds to [DONE], arrival time of each data event, status)."""
+        conn = self.connection(timeout)
+        start = time.monotonic()
+        conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                     headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
+        response = conn.getresponse()
+        arrivals = []
+        while line := response.readline():     # de-chunked; the connection stays open after [DONE]
+            if line.strip() == b"data: [DONE]":
+                break
+            if line.startswith(b"data: "):
+                arrivals.append(time.monotonic() - start)
+        end = time.monotonic() - start
+        conn.close()
+        return end, arrivals, response.status
+
+    def chat_once(self, api_key: str, model: str, stream: bool, max_tokens: int = 8,
+                  content: str = "Count to five.", timeout: float = 120) -> str:
+        """One chat completion, checked: '' when it succeeded, else why not (any status but 200, a connection
+        error, an incomplete answer: no [DONE], an error event, not the requested number of tokens)."""
+        body = chat(model, max_tokens, content, stream=stream)
+        conn = self.connection(timeout)
+        try:
+            conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
+                         headers={"Authorization": f"Bearer {api_key}", "Content-Type": "application/json"})
+            response = conn.getresponse()
+            if response.status != 200:
+                return f"status {response.status}: {response.read()[:200]!r}"
+            if not stream:
+                answer = json.loads(response.read())
+                tokens = answer.get("usage", {}).get("completion_tokens")
+                return "" if tokens == max_tokens else f"{tokens} tokens instead of {max_tokens}: {str(answer)[:200]}"
+            events, done = 0, False
+            while line := response.readline():
+                if line.strip() == b"data: [DONE]":
+                    done = True
+                    break
+                if line.startswith(b"data: "):
+                    if b'"error"' in line:
+                        return f"error event: {line[:200]!r}"
+                    events += 1
+            return "" if done and events > 0 else f"stream ended without [DONE] after {events} events"
+        except (OSError, http.client.HTTPException, ValueError) as err:
+            return f"{type(err).__name__}: {err}"
+        finally:
+            conn.close()

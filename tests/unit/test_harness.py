@@ -1,0 +1,240 @@
+"""The test harness (tests/harness): one definition of each test helper, and its pure parts checked with fakes.
+
+The rule the first test holds: a helper is any module-level function of a test module (molecule/*/tests,
+tests/integration, the top-level modules of tests/fixtures, tests/harness) that is neither a pytest test (test_*),
+a pytest hook (pytest_*) nor a pytest fixture (decorated with pytest.fixture). A helper's name defined in two of
+those modules is a copy: it belongs in tests/harness, once.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from harness import clients, node, playbook, unit
+from harness.figures import Figures
+
+ROOT = Path(__file__).resolve().parents[2]
+# Where test helpers live (node-side programs such as tests/fixtures/hf_hub/server.py are not test modules).
+HELPER_GLOBS = ("molecule/*/tests/**/*.py", "tests/integration/**/*.py", "tests/fixtures/*.py", "tests/harness/**/*.py")
+
+
+def is_fixture(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """Decorated with pytest.fixture (called or not)."""
+    for decorator in function.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if ast.unparse(target).split(".")[-1] == "fixture":
+            return True
+    return False
+
+
+def helpers(source: str) -> list[str]:
+    """The helper names a module defines at its top level (not tests, hooks or fixtures)."""
+    return [node.name for node in ast.parse(source).body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not node.name.startswith(("test_", "pytest_")) and not is_fixture(node)]
+
+
+def copies(modules: dict[str, str]) -> dict[str, list[str]]:
+    """{helper name: the modules defining it} for every name defined in more than one module."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for path, source in sorted(modules.items()):
+        for name in sorted(set(helpers(source))):
+            where[name].append(path)
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def test_no_helper_is_defined_in_two_test_modules():
+    modules = {str(path.relative_to(ROOT)): path.read_text()
+               for pattern in HELPER_GLOBS for path in ROOT.glob(pattern) if "__pycache__" not in path.parts}
+    assert len(modules) > 20, f"the globs found {len(modules)} modules: the check would prove nothing"
+    found = copies(modules)
+    assert found == {}, "helpers defined in more than one test module (move each to tests/harness): " + "; ".join(
+        f"{name}: {', '.join(paths)}" for name, paths in sorted(found.items()))
+
+
+def test_the_copy_rule_sees_copies_and_not_tests_or_fixtures():
+    a = "import pytest\ndef curl(host):\n    pass\ndef test_x():\n    pass\n@pytest.fixture\ndef host():\n    pass\n"
+    b = ("import pytest\ndef curl(host, port):\n    pass\ndef test_x():\n    pass\n"
+         "@pytest.fixture(scope='module')\ndef host():\n    pass\ndef pytest_configure(config):\n    pass\n")
+    assert copies({"a.py": a, "b.py": b}) == {"curl": ["a.py", "b.py"]}
+    assert copies({"a.py": a, "c.py": "def other():\n    pass\n"}) == {}
+
+
+# ---- the unit witness --------------------------------------------------------------------------------------
+
+
+def journal(*entries: dict[str, str]) -> str:
+    return "\n".join(json.dumps(entry) for entry in entries) + "\n"
+
+
+def test_restarts_count_each_invocation_but_the_witnessed_one():
+    before = {"InvocationID": "aaa", "now": "100"}
+    out = journal({"INVOCATION_ID": "aaa"}, {"_SYSTEMD_INVOCATION_ID": "aaa", "MESSAGE": "x"},
+                  {"INVOCATION_ID": "bbb"}, {"_SYSTEMD_INVOCATION_ID": "bbb"}, {"INVOCATION_ID": "ccc"},
+                  {"MESSAGE": "no invocation"}, {"INVOCATION_ID": ""})
+    assert unit.count_restarts(out, before) == 2           # bbb (failed start) and ccc
+    assert unit.count_restarts(journal({"_SYSTEMD_INVOCATION_ID": "aaa"}), before) == 0
+    assert unit.count_restarts("", before) == 0
+
+
+class FakeHost:
+    """A testinfra host that answers fixed commands."""
+
+    def __init__(self, answers: dict[str, str]) -> None:
+        self.answers, self.asked = answers, []
+
+    def check_output(self, command: str) -> str:
+        self.asked.append(command)
+        for prefix, answer in self.answers.items():
+            if command.startswith(prefix):
+                return answer
+        raise AssertionError(f"unexpected command: {command}")
+
+
+def test_witness_and_restarts_ask_systemd_and_the_journal_of_the_unit():
+    host = FakeHost({"systemctl show": "MainPID=42\nInvocationID=aaa\nActiveEnterTimestamp=Sun 2026-12-06\n",
+                     "date +%s": "1000\n", "journalctl": journal({"INVOCATION_ID": "aaa"}, {"INVOCATION_ID": "bbb"})})
+    state = unit.witness(host, "gateway")
+    assert state == {"MainPID": "42", "InvocationID": "aaa", "ActiveEnterTimestamp": "Sun 2026-12-06", "now": "1000"}
+    assert host.asked[0].endswith(" gateway") and "-p MainPID" in host.asked[0] and "-p InvocationID" in host.asked[0]
+    assert unit.restarts(host, state, "gateway") == 1
+    assert "--since @999" in host.asked[-1] and "UNIT=gateway.service + _SYSTEMD_UNIT=gateway.service" in host.asked[-1]
+
+
+def test_stop_start_seconds_from_the_monotonic_timestamps():
+    state = {"ActiveExitTimestampMonotonic": "10000000", "InactiveEnterTimestampMonotonic": "12500000",
+             "InactiveExitTimestampMonotonic": "13000000", "ActiveEnterTimestampMonotonic": "43250000"}
+    assert unit.stop_start_seconds(state) == {"stop_s": 2.5, "start_s": 30.2}
+    assert unit.stop_start_seconds({"ActiveEnterTimestampMonotonic": "5"}) == {"stop_s": None, "start_s": None}
+    backwards = dict(state, InactiveEnterTimestampMonotonic="9000000")
+    assert unit.stop_start_seconds(backwards)["stop_s"] is None
+
+
+# ---- reading ansible-playbook's output ---------------------------------------------------------------------
+
+OUTPUT = """
+PLAY [Converge] ****************************************************************
+
+TASK [node_manifest : Write the manifest on the node] **************************
+ok: [node1]
+changed: [node2]
+
+TASK [rollout : Drain the node at the gateways (no new request; running ones go on)] ***
+skipping: [node1]
+ok: [node2 -> gateway]
+
+RUNNING HANDLER [vllm_service : Restart vllm] **********************************
+changed: [node2]
+
+PLAY RECAP *********************************************************************
+node1                      : ok=10   changed=0    unreachable=0    failed=0    skipped=3    rescued=0    ignored=0
+node2                      : ok=12   changed=2    unreachable=0    failed=1    skipped=1    rescued=0    ignored=0
+node10                     : ok=1    changed=7    unreachable=0    failed=0    skipped=0    rescued=0    ignored=0
+"""
+
+
+def test_recap_counters_of_one_host():
+    assert playbook.recap(OUTPUT, "node2") == {"ok": 12, "changed": 2, "unreachable": 0, "failed": 1, "skipped": 1,
+                                               "rescued": 0, "ignored": 0}
+    assert playbook.recap(OUTPUT, "node1")["changed"] == 0, "node10's line is not node1's"
+    assert playbook.recap(OUTPUT + OUTPUT, "node2")["changed"] == 4, "summed over the recaps"
+    with pytest.raises(AssertionError, match="no PLAY RECAP line for node3"):
+        playbook.recap(OUTPUT, "node3")
+
+
+def test_changed_tasks_and_task_results():
+    assert playbook.changed_tasks(OUTPUT) == ["node_manifest : Write the manifest on the node",
+                                              "vllm_service : Restart vllm"]
+    assert playbook.task_results(OUTPUT, "node_manifest : Write the manifest on the node") == [
+        ("ok", "node1"), ("changed", "node2")]
+    assert playbook.statuses(OUTPUT, "Drain the node at the gateways") == ["skipping", "ok"]
+    assert playbook.task_results(OUTPUT, "Drain the node at the gateways")[1] == ("ok", "node2")
+    assert playbook.task_results(OUTPUT, "node_manifest : Write the manifest") == [], "a whole header, or a name start"
+    assert playbook.task_results(OUTPUT, "Restart vllm") == [], "handlers are not tasks"
+
+
+def test_run_keeps_the_log_and_the_extra_vars(tmp_path: Path):
+    play = tmp_path / "play.yml"
+    play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"
+                    "    - ansible.builtin.debug:\n        msg: 'greeting {{ greeting }}'\n")
+    log = tmp_path / "runs" / "01-hello.log"
+    rc, output, seconds = playbook.run(play, "-c", "local", inventory="localhost,", extra_vars={"greeting": "hi"},
+                                       log=log, timeout=300)
+    assert rc == 0, output
+    assert "greeting hi" in output and log.read_text() == output and seconds > 0
+    assert json.loads((tmp_path / "runs" / "01-hello.vars.json").read_text()) == {"greeting": "hi"}
+    assert playbook.recap(output, "localhost")["ok"] == 1
+    failed = playbook.run(play, "-c", "local", inventory="localhost,", timeout=300)
+    assert failed.rc != 0 and "greeting" in failed.output, "no extra vars: the undefined variable fails the run"
+    assert not list(tmp_path.glob("*.json")), "a temporary vars file is not left behind"
+
+
+def test_the_environment_is_the_projects():
+    env = playbook.environment(drop=("ANSIBLE_CALLBACKS_ENABLED",), ANSIBLE_DISPLAY_SKIPPED_HOSTS="true")
+    assert env["ANSIBLE_CONFIG"].endswith("ansible.cfg") and env["ANSIBLE_ROLES_PATH"].endswith("roles")
+    assert env["ANSIBLE_DISPLAY_SKIPPED_HOSTS"] == "true" and "ANSIBLE_CALLBACKS_ENABLED" not in env
+
+
+# ---- figures, clients, node readers -------------------------------------------------------------------------
+
+
+def test_figures_keep_each_name_once_and_print_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    figures = Figures(tmp_path / "day2" / "measurements.json")
+    figures.record("01-converge", {"rc": 0, "seconds": 12.5})
+    figures.record("rerun", 3.25)
+    figures.record("01-converge", {"rc": 1})
+    assert json.loads(figures.path.read_text()) == {"01-converge": {"rc": 1}, "rerun": 3.25}
+    assert figures.path.read_text().endswith("}\n")
+    assert capsys.readouterr().out.splitlines() == ['MEASURED 01-converge: {"rc": 0, "seconds": 12.5}',
+                                                    "MEASURED rerun: 3.25", 'MEASURED 01-converge: {"rc": 1}']
+    figures.reset()
+    assert figures.read() == {}
+
+
+def test_the_client_loop_alternates_counts_and_stops_at_its_bound():
+    asked: list[bool] = []
+
+    def request(stream: bool) -> str:
+        asked.append(stream)
+        return "status 503: b''" if len(asked) == 3 else ""
+
+    loop = clients.ClientLoop(request, max_requests=5, max_seconds=60, pause=0)
+    loop.start()
+    loop.join(timeout=30)
+    counts = loop.counts()
+    assert asked == [False, True, False, True, False]
+    assert (counts["sent"], counts["streamed"], counts["failed"]) == (5, 2, 1)
+    assert counts["failures"][0]["error"] == "status 503: b''" and counts["failures"][0]["stream"] is False
+    assert counts["first"] <= counts["last"] and set(counts["duration_s"]) == {"min", "p50", "p99", "max"}
+
+
+def test_the_client_loop_stops_when_told():
+    release = threading.Event()
+
+    def request(stream: bool) -> str:
+        release.wait(5)
+        return ""
+
+    loop = clients.ClientLoop(request, max_requests=10_000, max_seconds=600, pause=0)
+    loop.start()
+    release.set()
+    counts = loop.stop(timeout=30)
+    assert not loop.is_alive() and 1 <= counts["sent"] < 10_000 and counts["failed"] == 0
+
+
+def test_duration_summary():
+    assert clients.duration_summary([]) == {}
+    assert clients.duration_summary([2.0]) == {"min": 2.0, "p50": 2.0, "p99": 2.0, "max": 2.0}
+    durations = [float(n) for n in range(1, 201)]       # 1 .. 200 s
+    assert clients.duration_summary(durations) == {"min": 1.0, "p50": 100.5, "p99": 198.0, "max": 200.0}
+
+
+def test_listening_sockets_parsed_from_ss():
+    out = ("LISTEN 0 4096 127.0.0.1:8000 0.0.0.0:* users:((\"vllm\",pid=7,fd=3))\n"
+           "LISTEN 0 511 [::1]:9090 [::]:*\n\n")
+    assert node.parse_listening(out) == [("127.0.0.1", 8000, 'users:(("vllm",pid=7,fd=3))'), ("::1", 9090, "")]
