@@ -10,8 +10,10 @@ order a plan uses them:
     backends, kv_dtype             attention backend per GPU / version; what `auto` KV dtype means
     parallel                       valid TP / DCP, the `auto` TP policy
     kv_layout, kv                  the KV cache layout and the four KV questions
-    inputs, budget                 PlanInputs, the device; weights / activation / CUDA graphs / utilization
-    context, advice, plan          the resolved Sizing; prose and fixes; plan()
+    inputs, budget                 PlanInputs, the device, the knobs as the inventory gives them (coerced and
+                                   checked once); weights / activation / CUDA graphs / utilization
+    context, advice, plan          the resolved Sizing; prose and fixes; plan(); node_plan() (the knobs -> the
+                                   plan with its service block, the vllm_plan action's one call)
     argv                           the ONLY place that renders vLLM flags and environment
 
 The filters (plugins/filter/sizing.py) are thin wrappers; their documentation (plugins/filter/<name>.yml)
@@ -29,7 +31,7 @@ from .inputs import PlanInputs
 from .kv import kv_cache_bytes, kv_cache_tokens, kv_layout, max_concurrency, max_model_len
 from .kv_layout import KVLayout, LayerSpec, pp_stages
 from .model import ModelShape, model_shape, text_config
-from .plan import plan
+from .plan import node_plan, plan
 from .units import GiB, MiB, cdiv, format_bytes
 from .versions import rule, version_tuple
 
@@ -37,7 +39,8 @@ __all__ = [
     "Backend", "GiB", "KVLayout", "LayerSpec", "MiB", "ModelShape", "PlanInputs", "SizingError",
     "attention_backend", "cdiv", "checkpoint_kv_cache_dtype", "format_bytes", "fp8_support_since",
     "kv_cache_bytes", "kv_cache_tokens", "kv_layout", "max_concurrency", "max_model_len", "memory_plan",
-    "model_shape", "plan", "pp_stages", "resolve_kv_cache_dtype", "rule", "service", "text_config", "version_tuple",
+    "model_shape", "node_plan", "plan", "pp_stages", "resolve_kv_cache_dtype", "rule", "service", "text_config",
+    "version_tuple",
 ]
 
 

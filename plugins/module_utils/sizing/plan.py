@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from . import lora, speculative
 from .advice import checks, fit_options, headroom_advice, length_message, reasons
-from .argv import planned_args, planned_environment
+from .argv import ServiceInputs, planned_args, planned_environment, service_command
 from .budget import bounding_stage, cpu_budget, cuda_budget, resolve_batch
 from .context import Sizing
-from .inputs import PlanInputs, resolve_device
+from .errors import SizingError, refuse_unknown_keywords
+from .inputs import (
+    GpuRequest,
+    ModelRequest,
+    PlanInputs,
+    knob_bool,
+    knob_count,
+    knob_fraction,
+    knob_kv_cache_dtype,
+    knob_optional_count,
+    knob_partition,
+    knob_rate,
+    knob_variant,
+    knob_version,
+    resolve_device,
+    resolve_gpu,
+    resolve_model,
+)
 from .kv_dtype import choose_kv_dtype, kv_dtype_arg
 from .kv_layout import LayoutInputs, build_layout, pp_stages
 from .model import model_shape, require_max_len
@@ -189,3 +207,123 @@ def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_rea
                                           "draft_layers": spec.draft_layers, "draft_bytes": spec.draft_bytes,
                                           "flag": spec.flag_json()}
     return document
+
+
+# What node_plan takes: the knobs as the inventory gives them (preflight's variables), the catalogs, the GPU the
+# preflight matched on the node, and what the service adds. See plugins/modules/vllm_plan.py.
+_NODE_PLAN_ARGS = (
+    "model", "models", "model_config", "quant_config", "checkpoint_bytes", "served_model_name", "speculative_config",
+    "releases", "gpu", "gpus", "detected_gpus", "gpu_source", "cpu_kv_cache_space_gib", "gpu_count", "host",
+    "vllm_version", "vllm_variant",
+    "tensor_parallel_size", "pipeline_parallel_size", "node_count", "pp_layer_partition", "load_mib_per_second",
+    "decode_context_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len", "enforce_eager",
+    "enable_lora", "max_loras", "max_lora_rank", "cpu_amx", "model_root", "model_dir", "listen_address", "port",
+    "extra_args", "extra_environment", "start_timeout", "shutdown_timeout",
+)
+# A refusal of the maths names a plan input; the knob that sets it, so the message ends with what to change.
+_FIXES = {
+    "tensor_parallel_size": "Set vllm_node_tensor_parallel_size to one of the valid sizes, or auto",
+    "decode_context_parallel_size": "Set vllm_node_decode_context_parallel_size to a valid size, or auto",
+    "pipeline_parallel_size": "Set vllm_node_pipeline_parallel_size (and vllm_node_node_count) to match the GPUs",
+    "kv_cache_dtype": "Set vllm_node_kv_cache_dtype to auto or a dtype this GPU and release run",
+    "speculative_config": "Fix vllm_node_speculative_config, or set it to {} (off)",
+    "max_lora_rank": "Set vllm_node_max_lora_rank to one of those ranks",
+    "max_loras": "Set vllm_node_max_loras to a positive integer",
+    "node_count": "Set vllm_node_node_count to the nodes one replica spans",
+}
+
+
+def _with_fix(message: str) -> str:
+    """The maths' message, plus the knob to change when it names a plan input and does not already say so."""
+    for name, fix in _FIXES.items():
+        if message.startswith(name):
+            return message if f"vllm_node_{name}" in message else f"{message.rstrip('.')}. {fix}."
+    return message
+
+
+def _knobs(args: Mapping[str, Any]) -> dict[str, Any]:
+    """The knobs that need neither the model nor the GPU, coerced and checked once (the first refusal wins)."""
+    return {
+        "vllm_version": knob_version(args.get("vllm_version"), args["releases"]),
+        "vllm_variant": knob_variant(args.get("vllm_variant")),
+        "kv_cache_dtype": knob_kv_cache_dtype(args.get("kv_cache_dtype")),
+        "tensor_parallel_size": knob_count("tensor_parallel_size", args.get("tensor_parallel_size", "auto")),
+        "pipeline_parallel_size": knob_count("pipeline_parallel_size", args.get("pipeline_parallel_size", 1),
+                                             auto=1, example="2"),
+        "node_count": knob_count("node_count", args.get("node_count", 1), auto=None, example="2"),
+        "pp_layer_partition": knob_partition(args.get("pp_layer_partition")),
+        "load_mib_per_second": knob_rate(args.get("load_mib_per_second", "auto")),
+        "decode_context_parallel_size": knob_count("decode_context_parallel_size",
+                                                   args.get("decode_context_parallel_size", "auto"), example="2"),
+        "gpu_memory_utilization": knob_fraction(args.get("gpu_memory_utilization", "auto")),
+        "max_model_len": knob_count("max_model_len", args.get("max_model_len", "auto"), example="131072"),
+        "enforce_eager": knob_bool("preflight_enforce_eager", args.get("enforce_eager", False)),
+        "enable_lora": knob_bool("enable_lora", args.get("enable_lora", False)),
+        "max_loras": knob_optional_count("max_loras", args.get("max_loras"), "2"),
+        "max_lora_rank": knob_optional_count("max_lora_rank", args.get("max_lora_rank"), "32"),
+        "cpu_amx": knob_bool("cpu_amx", args.get("cpu_amx", False)),
+    }
+
+
+def _sizing_kwargs(args: Mapping[str, Any], knobs: dict[str, Any], model: ModelRequest,
+                   gpu: GpuRequest) -> dict[str, Any]:
+    """vllm_memory_plan's keyword arguments from the coerced knobs, the model and the GPU."""
+    return dict(
+        knobs, releases=args["releases"], checkpoint_bytes=model.checkpoint_bytes, gpu=gpu.entry,
+        gpu_count=gpu.count, device=str(gpu.entry.get("kind") or "cuda"), quant=model.quant,
+        speculative_config=model.speculative_config, model_key=model.key, repo=model.entry["repo"],
+        served_model_name=model.served_model_name, gpu_key=gpu.key)
+
+
+def _service_inputs(args: Mapping[str, Any], repo: str, serving: Any) -> ServiceInputs:
+    """What the node adds to the plan to run it; --model is model_dir, else <model_root>/<repo>."""
+    extra_args = args.get("extra_args") or []
+    if not isinstance(extra_args, (list, tuple)):
+        raise SizingError(f"vllm_node_extra_args must be a list of vLLM arguments; got {extra_args!r}. Write it as "
+                          "a YAML list, e.g. [--enable-prefix-caching].")
+    extra_environment = args.get("extra_environment") or {}
+    if not isinstance(extra_environment, Mapping):
+        raise SizingError(f"vllm_node_extra_environment must be a mapping of variables; got {extra_environment!r}.")
+    model_dir = str(args.get("model_dir") or "") or f"{args.get('model_root') or '/srv/vllm/models'}/{repo}"
+    return ServiceInputs.from_kwargs(
+        model_dir=model_dir, listen_address=str(args.get("listen_address") or "127.0.0.1"),
+        port=knob_count("port", args.get("port", 8000), auto=None, example="8000"), serving=serving or {},
+        extra_args=list(extra_args), extra_environment=dict(extra_environment),
+        start_timeout=knob_optional_count("preflight_start_timeout", args.get("start_timeout"), "3600"),
+        shutdown_timeout=knob_count("preflight_shutdown_timeout", args.get("shutdown_timeout", 0), auto=None,
+                                    minimum=0, example="30"))
+
+
+def node_plan(args: Mapping[str, Any]) -> dict[str, Any]:
+    """vllm_node_plan: the plan with its service block, from the knobs as the inventory gives them.
+
+    Every knob is coerced and checked here, once; a bad one is a SizingError naming it and the fix. A plan the
+    maths cannot make (a tensor-parallel size that does not split the heads, ...) is a SizingError that starts
+    with "Cannot plan <model> on <count> x <gpu> (vLLM <version>):". A plan that does not fit is returned with
+    fits false: the preflight writes it and then refuses it.
+    """
+    refuse_unknown_keywords(args, _NODE_PLAN_ARGS)
+    if not isinstance(args.get("releases"), Mapping) or not args["releases"]:
+        raise SizingError("releases is required: pass releases=vllm_node_vllm_releases")
+    knobs = _knobs(args)
+    host = str(args.get("host") or "the node")
+    model = resolve_model(str(args.get("model") or ""), args.get("models") or {},
+                          model_config=args.get("model_config"), quant_config=args.get("quant_config"),
+                          checkpoint_bytes=args.get("checkpoint_bytes"),
+                          served_model_name=args.get("served_model_name"),
+                          speculative_config=args.get("speculative_config"))
+    gpu = resolve_gpu(args.get("gpu", "auto"), args.get("gpus") or {}, args.get("detected_gpus"),
+                      variant=knobs["vllm_variant"], gpu_count=args.get("gpu_count", "auto"),
+                      cpu_kv_cache_space_gib=args.get("cpu_kv_cache_space_gib"), host=host,
+                      source=str(args.get("gpu_source") or ""))
+    kwargs = _sizing_kwargs(args, knobs, model, gpu)
+    service_inputs = _service_inputs(args, model.entry["repo"], model.entry.get("serving"))
+    try:
+        sized = plan(PlanInputs.from_kwargs(model.config, **kwargs))
+        sized.update(config_source=model.config_source, revision=model.entry.get("revision") or "main",
+                     checkpoint_bytes=model.checkpoint_bytes)
+        sized["service"] = service_command(sized, service_inputs)
+    except SizingError as exc:
+        raise SizingError(f"Cannot plan {model.key} on {gpu.count} x {gpu.key} (vLLM {kwargs['vllm_version']}): "
+                          f"{_with_fix(str(exc))}") from exc
+    return sized

@@ -14,6 +14,9 @@ from packaging.version import InvalidVersion, Version
 from .errors import SizingError
 
 Releases = dict[str, Any]
+# The release a plan is for when the caller names none: the vllm_node role's default vllm_node_vllm_version
+# (roles/vllm_node/defaults/main.yml; tests/unit/plugins/module_utils/sizing/test_node_plan.py keeps them equal).
+DEFAULT_VERSION = "0.33.0"
 _SOURCE = "roles/vllm_node/vars/main/vllm_releases.yml (vllm_node_vllm_releases)"
 
 

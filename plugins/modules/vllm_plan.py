@@ -1,0 +1,213 @@
+#!/usr/bin/python
+"""Documentation of the action plugin plugins/action/vllm_plan.py (the code runs on the controller)."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: vllm_plan
+short_description: vLLM's memory plan and the service's command from the knobs, in one call
+description:
+  - The one place C(vllm_node_plan) is computed (the preflight role calls it and publishes RV(plan) under that
+    name). It is the plan of the memory sizing maths (schema in
+    C(ansible-doc -t filter vllm_node.vllm_node.vllm_memory_plan)) plus C(config_source), C(revision),
+    C(checkpoint_bytes) and C(service), the service's whole command (schema in
+    C(ansible-doc -t filter vllm_node.vllm_node.vllm_service_command)).
+  - The knobs are taken as the inventory gives them (V(auto), integers, floats, numeric strings, empty or null) and
+    are coerced and checked once, in Python; a bad value fails the task with one message that names the knob, says
+    why and what to set instead. So does a plan the maths cannot make (the message starts with
+    C(Cannot plan <model> on <count> x <gpu> (vLLM <version>):)).
+  - A plan that does not fit is returned with C(fits=false), not refused; the caller writes it, then refuses it.
+  - Runs on the controller, changes nothing, needs no connection to the node.
+options:
+  model:
+    description: Key of O(models) (vllm_node_model); with O(model_config), any name.
+    type: str
+    required: true
+  models:
+    description: The model catalog (vllm_node_models).
+    type: dict
+    required: true
+  model_config:
+    description: The parsed config.json read from the node; empty = the catalog entry's config.
+    type: dict
+  quant_config:
+    description: >-
+      The parsed hf_quant_config.json beside O(model_config); empty = none (catalog mode uses the entry's quant).
+    type: dict
+  checkpoint_bytes:
+    description: Checkpoint size in bytes; 0 = the catalog entry's.
+    type: raw
+    default: 0
+  served_model_name:
+    description: Served model name; empty = the entry's served_model_name, else its repo.
+    type: str
+  speculative_config:
+    description: >-
+      An empty mapping = off, V(catalog) = the entry's speculative_config, or a mapping like vLLM's
+      --speculative-config.
+    type: raw
+  releases:
+    description: vLLM release knowledge (vllm_node_vllm_releases).
+    type: dict
+    required: true
+  gpu:
+    description: >-
+      vllm_node_gpu, a key of O(gpus), or V(auto) (the type of the node's GPUs in O(detected_gpus); V(cpu) for the cpu
+      build). Checked against the catalog, the build and the GPUs the node reports.
+    type: str
+    default: auto
+  gpus:
+    description: The GPU catalog (vllm_node_gpus).
+    type: dict
+    required: true
+  detected_gpus:
+    description: >-
+      The node's GPUs matched to O(gpus) (the gpu_catalog_match filter over node_facts_gpus); their memory and
+      compute capability replace the catalog's, the smallest card decides. Empty = plan for the catalog's numbers.
+    type: list
+    elements: dict
+  gpu_source:
+    description: Where the node's GPU facts came from (node_facts_gpu_source), for the messages.
+    type: str
+  cpu_kv_cache_space_gib:
+    description: CPU device only, VLLM_CPU_KVCACHE_SPACE in GiB; null = the GPU catalog's kv_cache_space_gib.
+    type: raw
+  gpu_count:
+    description: V(auto) (every detected GPU of that type; 1 on the cpu device) or a positive integer.
+    type: raw
+    default: auto
+  host:
+    description: The node's inventory name, for the messages.
+    type: str
+  vllm_version:
+    description: The vLLM release the plan is for (vllm_node_vllm_version).
+    type: str
+    required: true
+  vllm_variant:
+    description: The vLLM build, V(cuda) or V(cpu).
+    type: str
+    default: cuda
+  tensor_parallel_size:
+    description: V(auto) or a positive integer.
+    type: raw
+    default: auto
+  pipeline_parallel_size:
+    description: V(auto) (1) or a positive integer.
+    type: raw
+    default: 1
+  node_count:
+    description: Nodes one replica spans.
+    type: raw
+    default: 1
+  pp_layer_partition:
+    description: Layers per pipeline stage, comma-separated; empty = vLLM's split.
+    type: raw
+  load_mib_per_second:
+    description: V(auto) (138) or MiB/s of weights one GPU loads.
+    type: raw
+    default: auto
+  decode_context_parallel_size:
+    description: V(auto) or a positive integer dividing the tensor parallel size.
+    type: raw
+    default: auto
+  kv_cache_dtype:
+    description: V(auto) or one of vLLM's --kv-cache-dtype names (bfloat16, float16, fp8, fp8_e4m3, fp8_e5m2, nvfp4).
+    type: str
+    default: auto
+  gpu_memory_utilization:
+    description: V(auto) or a fraction in (0, 1].
+    type: raw
+    default: auto
+  max_model_len:
+    description: V(auto) or a positive integer.
+    type: raw
+    default: auto
+  enforce_eager:
+    description: The service runs with --enforce-eager (no CUDA-graph memory).
+    type: raw
+    default: false
+  enable_lora:
+    description: Size LoRA adapter slots and render --enable-lora.
+    type: raw
+    default: false
+  max_loras:
+    description: --max-loras; null = vLLM's default.
+    type: raw
+  max_lora_rank:
+    description: --max-lora-rank; null = vLLM's default.
+    type: raw
+  cpu_amx:
+    description: CPU device only, the CPU has AMX tiles.
+    type: raw
+    default: false
+  model_root:
+    description: Models live on the node at <root>/<repo>; the service's --model when O(model_dir) is empty.
+    type: str
+  model_dir:
+    description: The service's --model directory; empty = <model_root>/<repo>.
+    type: str
+  listen_address:
+    description: Address the service listens on.
+    type: str
+    default: 127.0.0.1
+  port:
+    description: TCP port of the service.
+    type: raw
+    default: 8000
+  extra_args:
+    description: Extra vLLM arguments; one the plan or a knob sets is refused, naming the knob.
+    type: list
+    elements: str
+  extra_environment:
+    description: Extra environment of the service; a variable the plan sets is refused.
+    type: dict
+  start_timeout:
+    description: Seconds from start to healthy; null = the plan's startup.unit_start_timeout_seconds.
+    type: raw
+  shutdown_timeout:
+    description: vLLM's --shutdown-timeout in seconds (0 leaves the flag out).
+    type: raw
+    default: 0
+attributes:
+  action:
+    support: full
+    description: Runs on the controller only.
+  check_mode:
+    support: full
+    description: Computes the same plan in check mode; it changes nothing in either mode.
+  diff_mode:
+    support: none
+    description: Nothing to diff.
+seealso:
+  - plugin: vllm_node.vllm_node.vllm_memory_plan
+    plugin_type: filter
+  - plugin: vllm_node.vllm_node.vllm_service_command
+    plugin_type: filter
+author: vllm-node
+"""
+
+EXAMPLES = r"""
+- name: Plan 8 x RTX PRO 6000 Blackwell for the catalog's Kimi K2.5, the knobs as the inventory gives them
+  vllm_node.vllm_node.vllm_plan:
+    model: kimi-k2.5-nvfp4
+    models: "{{ vllm_node_models }}"
+    releases: "{{ vllm_node_vllm_releases }}"
+    gpu: rtx-pro-6000-blackwell
+    gpus: "{{ vllm_node_gpus }}"
+    gpu_count: 8
+    vllm_version: "{{ vllm_node_vllm_version }}"
+    max_model_len: "131072"
+    kv_cache_dtype: auto
+    model_root: /srv/vllm/models
+  register: planned
+"""
+
+RETURN = r"""
+plan:
+  description:
+    - The plan (vllm_memory_plan's schema) plus config_source (catalog or node), revision, checkpoint_bytes and
+      service (vllm_service_command's schema).
+  returned: success
+  type: dict
+  sample: {fits: true, max_model_len: 131072, tensor_parallel_size: 8, service: {argv: [--model, /srv/vllm/models/x]}}
+"""

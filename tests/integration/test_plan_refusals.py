@@ -1,0 +1,124 @@
+"""Refusals read like the plan's own refusal: playbooks/plan.yml (and site.yml, which runs the same preflight) on a
+table of bad inputs. Each run exits non-zero in seconds; its refusal (the failing task's banner to the end of the run)
+is at most REFUSAL_LINES lines and says what is wrong and what to set instead; no argument-spec dump and no chain of
+Ansible wrappers ("Finalization of task args ...", "<<< caused by >>>") anywhere in the output.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import playbook
+
+STORY = ("-e", "vllm_node_model=kimi-k2.5-nvfp4", "-e", "vllm_node_gpu=rtx-pro-6000-blackwell",
+         "-e", "vllm_node_gpu_count=8")
+REFUSAL_LINES = 25
+# "In seconds": generous for 2 shared cores (a refusal takes 3-9 s there).
+REFUSAL_BUDGET_S = 30.0
+NOISE = ("argument_spec", "Finalization of task args", "<<< caused by >>>", "The filter plugin", "Traceback",
+         "Error while resolving value")
+
+# (extra arguments, what the message must say: the reason ... and the fix)
+BAD_INPUTS = {
+    "kv-dtype-int3": (("-e", "vllm_node_kv_cache_dtype=int3"),
+                      ["vllm_node_kv_cache_dtype is 'int3'", "set it to auto", "fp8_e4m3"]),
+    "tp-3-does-not-split-64-heads": (("-e", "vllm_node_tensor_parallel_size=3"),
+                                     ["tensor_parallel_size 3 does not divide the model's 64 attention heads",
+                                      "valid choices: 1, 2, 4, 8", "Set vllm_node_tensor_parallel_size"]),
+    "max-model-len-beyond-the-model": (("-e", "vllm_node_max_model_len=1048576"),
+                                       ["max_model_len 1,048,576 exceeds the model's maximum 262,144",
+                                        "Lower --max-model-len to at most 262,144"]),
+    "max-model-len-not-a-number": (("-e", "vllm_node_max_model_len=128k"),
+                                   ["vllm_node_max_model_len must be auto or a positive integer", "'128k'",
+                                    "-e vllm_node_max_model_len=131072"]),
+    "gpu-memory-utilization-1.5": (("-e", "vllm_node_gpu_memory_utilization=1.5"),
+                                   ["vllm_node_gpu_memory_utilization must be auto or a fraction in (0, 1]",
+                                    "Set it to auto"]),
+    "unknown-model": (("-e", "vllm_node_model=kimi-k3"),
+                      ["Unknown model 'kimi-k3'", "Valid keys:", "vllm_node_extra_models"]),
+    "unknown-vllm-version": (("-e", "vllm_node_vllm_version=0.5.0"),
+                             ["vllm_node_vllm_version 0.5.0 is older than every release", "Set it to one of"]),
+    "vllm-version-not-a-release": (("-e", "vllm_node_vllm_version=latest"),
+                                   ["vllm_node_vllm_version is 'latest', not a vLLM release",
+                                    "set it to a release like"]),
+    "negative-tensor-parallel-size": (("-e", "vllm_node_tensor_parallel_size=-2"),
+                                      ["vllm_node_tensor_parallel_size must be auto or a positive integer",
+                                       "'-2'"]),
+    "zero-gpu-count": (("-e", "vllm_node_gpu_count=0"),
+                       ["vllm_node_gpu_count must be auto or a positive integer", "-e vllm_node_gpu_count="]),
+    "speculative-not-a-mapping": (("-e", "vllm_node_speculative_config=eagle3"),
+                                  ["vllm_node_speculative_config must be {} (off), catalog", "got 'eagle3'",
+                                   "Pass a mapping as JSON"]),
+    "speculative-unknown-method": (("-e", '{"vllm_node_speculative_config": {"method": "medusa3",'
+                                          ' "num_speculative_tokens": 2}}'),
+                                   ["speculative_config.method 'medusa3' is not supported", "known: mtp",
+                                    "Fix vllm_node_speculative_config"]),
+    "unknown-build": (("-e", "vllm_node_vllm_variant=rocm"),
+                      ["vllm_node_vllm_variant is 'rocm'", "Set it to cuda or cpu"]),
+    "node-count-not-a-number": (("-e", "vllm_node_node_count=two"),
+                                ["vllm_node_node_count must be a positive integer", "-e vllm_node_node_count=2"]),
+    "lora-switch-not-a-boolean": (("-e", "vllm_node_enable_lora=maybe"),
+                                  ["vllm_node_enable_lora must be true or false"]),
+    "extra-arg-repeats-a-planned-flag": (("-e", '{"vllm_node_extra_args": ["--max-model-len", "4096"]}'),
+                                         ["--max-model-len in the extra arguments is set by the plan",
+                                          "use vllm_node_max_model_len instead"]),
+}
+
+
+def refusal(output: str) -> list[str]:
+    """The refusal as the operator reads it: from the failing task's banner to the end of the run."""
+    lines = output.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(("[ERROR]", "fatal:")))
+    banner = max(i for i in range(first + 1) if lines[i].startswith("TASK ["))
+    return lines[banner:]
+
+
+def assert_one_message(rc: int, out: str, seconds: float, needles: list[str]) -> list[str]:
+    assert rc != 0, out[-3000:]
+    assert seconds < REFUSAL_BUDGET_S
+    for noise in NOISE:
+        assert noise not in out, f"{noise!r} in the output:\n{out[-4000:]}"
+    lines = refusal(out)
+    text = re.sub(r"\s+", " ", "\n".join(lines))
+    for needle in needles:
+        assert needle in text, f"{needle!r} not in the refusal:\n" + "\n".join(lines)
+    assert len(lines) <= REFUSAL_LINES, f"{len(lines)} lines:\n" + "\n".join(lines)
+    return lines
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_plan_refuses_with_one_message(tmp_path: Path, case: str) -> None:
+    args, needles = BAD_INPUTS[case]
+    rc, out, seconds = playbook.run("playbooks/plan.yml", "-e", f"vllm_node_plan_file={tmp_path / 'plan.json'}",
+                                    *STORY, *args, timeout=300)
+    lines = assert_one_message(rc, out, seconds, needles)
+    print(f"\n{case}: rc={rc} in {seconds:.1f} s, {len(out.splitlines())} lines in all, refusal {len(lines)} lines")
+    plan_file = tmp_path / "plan.json"
+    if case == "max-model-len-beyond-the-model":
+        # a request the plan can size but not fit: the estimate is written, then refused
+        assert json.loads(plan_file.read_text())["fits"] is False
+    else:
+        assert not plan_file.exists(), "nothing is planned from bad input"
+
+
+@pytest.fixture(scope="module")
+def local_node(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """site.yml's nodes group with this machine as the node, over the local connection, run in check mode only."""
+    inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
+    inventory.write_text(json.dumps({"vllm_nodes": {"hosts": {"refusal-node": {
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable}}}}))
+    return inventory
+
+
+@pytest.mark.parametrize("case", ["kv-dtype-int3", "tp-3-does-not-split-64-heads", "unknown-model"])
+def test_site_refuses_the_same_way_before_anything_changes(tmp_path: Path, local_node: Path, case: str) -> None:
+    args, needles = BAD_INPUTS[case]
+    rc, out, seconds = playbook.run("playbooks/site.yml", "--check", "-e",
+                                    f"vllm_node_plan_file={tmp_path / 'plan.json'}", *STORY, *args,
+                                    inventory=str(local_node), timeout=300)
+    assert_one_message(rc, out, seconds, needles)
+    assert re.search(r"refusal-node\s*:\s*ok=\d+\s+changed=0\b", out), out[-2000:]
