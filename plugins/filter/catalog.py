@@ -54,7 +54,8 @@ def model_entry_errors(key: str, entry: Any) -> list[str]:
         errors.append(f"{where}.config is {'missing' if config is None else 'not a non-empty mapping'}: copy the "
                       "model's config.json fields (at least " + ", ".join(_CONFIG_FIELDS) + ").")
     else:
-        text = config.get("text_config") if isinstance(config.get("text_config"), Mapping) else config
+        nested = config.get("text_config")
+        text: Mapping[str, Any] = nested if isinstance(nested, Mapping) else config
         missing = [name for name in _CONFIG_FIELDS if not _positive_int(text.get(name))]
         if missing:
             errors.append(f"{where}.config lacks positive integers for {', '.join(missing)}: copy them from the "

@@ -130,10 +130,10 @@ class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Any]:
+        """The filters the model_config role calls (documented in plugins/filter/<name>.yml); patch_document and
+        version_tuple are this module's helpers, not filters."""
         return {
             "model_config_matching_rules": matching_rules,
-            "model_config_patch": patch_document,
-            "model_config_version_tuple": version_tuple,
             "model_config_file_sources": file_sources,
             "model_config_patch_all": patch_all,
             "model_config_state_record": state_record,

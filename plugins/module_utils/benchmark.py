@@ -22,7 +22,7 @@ HIGHER_IS_BETTER: dict[str, bool] = {
     "itl_ms_p99": False,
 }
 # Tails (p99) are held against the band only: over the check's few prompts a p99 is nearly the maximum, so it
-# swings several-fold run to run on a shared machine (measured in CI: TPOT p99 3.1 ms, then 14.7 ms, p50 steady).
+# swings several-fold run to run on a host that does other work (TPOT p99 3.1 ms, then 14.7 ms, while p50 holds).
 TAIL_FIGURES = frozenset(f for f in HIGHER_IS_BETTER if f.endswith("_p99"))
 # The two load levels the check runs: one user alone, and the planned concurrency.
 LEVELS = ("single", "planned")

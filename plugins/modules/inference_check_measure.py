@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: check a vLLM endpoint from the node, measure it, compare it with the plan, give the verdict."""
 
 from __future__ import annotations
@@ -133,8 +132,9 @@ unit:
 import contextlib
 import json
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, Iterable, Optional
+from typing import Any
 from urllib.error import HTTPError
 
 from ansible.module_utils.basic import AnsibleModule
@@ -148,14 +148,14 @@ UNIT_PROPERTIES = ("InvocationID", "InactiveExitTimestamp", "ActiveEnterTimestam
 SHORT_TIMEOUT = 30
 
 
-def relative_difference(actual: Optional[float], planned: Optional[float]) -> Optional[float]:
+def relative_difference(actual: float | None, planned: float | None) -> float | None:
     """(actual - planned) / planned, or None when either side is unknown or the plan is zero."""
     if actual is None or planned in (None, 0):
         return None
     return (actual - planned) / planned
 
 
-def compare_with_plan(startup: dict, plan: dict, metrics: Optional[dict] = None) -> dict:
+def compare_with_plan(startup: dict, plan: dict, metrics: dict | None = None) -> dict:
     """Plan vs what vLLM reported: KV tokens, blocks and max concurrency from /metrics (vllm:cache_config_info)
     where it exposes them, else from the start-up log; KV bytes (smallest rank) and weights per GPU from the log.
 
@@ -167,7 +167,7 @@ def compare_with_plan(startup: dict, plan: dict, metrics: Optional[dict] = None)
     available = min(startup["available_kv_cache_bytes"]) if startup["available_kv_cache_bytes"] else None
     weights = max(startup["model_loading_bytes"]) if startup["model_loading_bytes"] else None
 
-    def pick(metric_key: str, journal_value: Any) -> tuple[Any, Optional[str]]:
+    def pick(metric_key: str, journal_value: Any) -> tuple[Any, str | None]:
         """The /metrics figure when there is one, else the journal's."""
         if metrics.get(metric_key) is not None:
             return metrics[metric_key], "metrics"
@@ -200,7 +200,7 @@ def sse_events(response) -> Iterable[dict]:
         yield json.loads(data)
 
 
-def _headers(key: Optional[str], body: bool) -> dict:
+def _headers(key: str | None, body: bool) -> dict:
     """Request headers: the bearer key when there is one, JSON when there is a body."""
     headers = {"Content-Type": "application/json"} if body else {}
     if key:
@@ -208,7 +208,7 @@ def _headers(key: Optional[str], body: bool) -> dict:
     return headers
 
 
-def request(url: str, key: Optional[str] = None, body: Optional[dict] = None, timeout: int = SHORT_TIMEOUT) -> dict:
+def request(url: str, key: str | None = None, body: dict | None = None, timeout: int = SHORT_TIMEOUT) -> dict:
     """One request: {status, json, text, error}; an HTTP error status is an answer, not an exception.
 
     status is None when no answer came at all (refused, timed out); error then says why.
@@ -232,7 +232,7 @@ def request(url: str, key: Optional[str] = None, body: Optional[dict] = None, ti
     return answer
 
 
-def stream_completion(url: str, key: Optional[str], model: str, prompt: str, max_tokens: int, timeout: int) -> dict:
+def stream_completion(url: str, key: str | None, model: str, prompt: str, max_tokens: int, timeout: int) -> dict:
     """One streamed chat completion: time to first token, decode tokens/s, the text."""
     body = {
         "model": model,
@@ -278,7 +278,7 @@ def stream_completion(url: str, key: Optional[str], model: str, prompt: str, max
     }
 
 
-def probe_endpoint(url: str, key: Optional[str], model: str, prompt: str, max_tokens: int, timeout: int) -> dict:
+def probe_endpoint(url: str, key: str | None, model: str, prompt: str, max_tokens: int, timeout: int) -> dict:
     """Every request of the check, as answers: health, models, anonymous, chat, and the stream (when chat worked)."""
     observed: dict[str, Any] = {
         "health": request(f"{url}/health"),

@@ -1,5 +1,4 @@
 #!/usr/bin/python
-# -*- coding: utf-8 -*-
 """Ansible module: watch a starting vLLM unit for a while; report health, progress and the root cause."""
 
 from __future__ import annotations
@@ -169,7 +168,6 @@ processes_summary:
 """
 
 import time
-from typing import Optional
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
@@ -183,7 +181,7 @@ PROPERTIES = (
 POLL_SECONDS = 2
 
 
-def classify(state: dict, job_pending: bool, restarts: int, not_invocation: Optional[str]) -> str:
+def classify(state: dict, job_pending: bool, restarts: int, not_invocation: str | None) -> str:
     """healthy / failed / loading from `systemctl show` properties (health URL checked separately).
 
     A queued or running start job (ExecStartPost waits for /health) means loading; "auto-restart" or a higher

@@ -21,7 +21,8 @@ GOOD_GPU: dict[str, Any] = {"kind": "cuda", "name": "NVIDIA Future", "memory_mib
 
 def merged(extra: dict[str, Any], product: dict[str, Any]) -> dict[str, Any]:
     """What the role's recursive combine gives for these keys (enough for the shallow amendments used here)."""
-    return {key: {**product.get(key, {}), **value} if isinstance(value, dict) else value for key, value in extra.items()}
+    return {key: {**product.get(key, {}), **value} if isinstance(value, dict) else value
+            for key, value in extra.items()}
 
 
 def test_a_complete_new_model_and_gpu_pass() -> None:

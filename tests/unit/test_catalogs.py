@@ -26,7 +26,8 @@ FIXTURE: dict[str, Any] = yaml.safe_load(
     (ROOT / "tests/fixtures/catalog/models.yml").read_text())["vllm_node_extra_models"]
 # What the roles see when the fixture is merged (the demo inventory, the tests): both catalogs, checked alike.
 MODELS: dict[str, Any] = {**PRODUCT, **FIXTURE}
-GPUS: dict[str, Any] = yaml.safe_load((ROOT / "roles/vllm_node/vars/main/gpus.yml").read_text())["vllm_node_catalog_gpus"]
+GPUS: dict[str, Any] = yaml.safe_load(
+    (ROOT / "roles/vllm_node/vars/main/gpus.yml").read_text())["vllm_node_catalog_gpus"]
 TINY = ("tiny-llama", "tiny-llama-private", "tiny-deepseek-v3", "tiny-deepseek-v3-fp8kv")
 
 

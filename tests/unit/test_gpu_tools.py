@@ -61,7 +61,8 @@ def test_query_without_format_and_bad_option_fail() -> None:
 
 def test_list_version_and_table() -> None:
     listing = run("nvidia-smi", "-L").stdout.splitlines()
-    assert len(listing) == 8 and listing[0].startswith("GPU 0: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-")
+    assert len(listing) == 8
+    assert listing[0].startswith("GPU 0: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-")
     version = run("nvidia-smi", "--version").stdout
     assert "DRIVER version      : 580.95.05" in version and "CUDA Version        : 13.0" in version
     table = run("nvidia-smi").stdout.splitlines()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import metric_names as mn
+import metric_names as mn
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "roles" / "observability" / "files" / "dashboards").glob("*.json"))

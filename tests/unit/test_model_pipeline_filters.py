@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -36,7 +35,8 @@ def test_select_all_files_without_patterns_drops_folders() -> None:
 
 def test_select_include_exclude_and_trailing_slash() -> None:
     got = md.select_files(LISTING, include=["*.json", "*.safetensors"], exclude=["model-00002-*"])
-    assert [f["path"] for f in got] == ["config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json"]
+    assert [f["path"] for f in got] == [
+        "config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json"]
     assert [f["path"] for f in md.select_files(LISTING, exclude=["original/"])] == [
         "README.md",
         "config.json",
@@ -201,7 +201,8 @@ def test_file_sources_tell_fresh_downloads_from_our_patches() -> None:
 
 def test_state_record_keeps_written_files_only() -> None:
     patches = {"config.json": {"changes": [{"rule": "r1"}, {"rule": "r1"}]}, "hf_quant_config.json": {"changes": []}}
-    written = [{"item": {"name": "config.json"}, "checksum": "abc"}, {"item": {"name": "hf_quant_config.json"}, "skipped": True}]
+    written = [{"item": {"name": "config.json"}, "checksum": "abc"},
+               {"item": {"name": "hf_quant_config.json"}, "skipped": True}]
     assert mc.state_record(written, patches) == {"files": {"config.json": {"patched_sha1": "abc", "rules": ["r1"]}}}
 
 

@@ -93,9 +93,11 @@ def test_progress_lines_are_short_and_recent():
         ({"ActiveState": "activating", "SubState": "start-post", "NRestarts": "0"}, True, 0, None, "loading"),
         ({"ActiveState": "activating", "SubState": "auto-restart", "NRestarts": "0"}, False, 0, None, "failed"),
         ({"ActiveState": "activating", "SubState": "start-post", "NRestarts": "2"}, True, 1, None, "failed"),
-        ({"ActiveState": "active", "SubState": "running", "NRestarts": "0", "InvocationID": "a"}, False, 0, None, "healthy"),
+        ({"ActiveState": "active", "SubState": "running", "NRestarts": "0", "InvocationID": "a"}, False, 0, None,
+         "healthy"),
         # the replaced process is never taken for the new one
-        ({"ActiveState": "active", "SubState": "running", "NRestarts": "0", "InvocationID": "a"}, False, 0, "a", "loading"),
+        ({"ActiveState": "active", "SubState": "running", "NRestarts": "0", "InvocationID": "a"}, False, 0, "a",
+         "loading"),
         ({"ActiveState": "inactive", "SubState": "dead", "NRestarts": "0"}, True, 0, None, "loading"),
         ({"ActiveState": "inactive", "SubState": "dead", "NRestarts": "0"}, False, 0, None, "failed"),
         ({"ActiveState": "failed", "SubState": "failed", "NRestarts": "0"}, False, 0, None, "failed"),

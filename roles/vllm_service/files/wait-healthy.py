@@ -1,4 +1,4 @@
-{{ ansible_managed | comment }}
+# Ansible managed: installed by the vllm_service role (a local change is overwritten on the next run).
 """Block until vLLM's /health answers 200 (ExecStartPost of the vllm unit); fail when the server dies first.
 
 vLLM has no sd_notify; systemd keeps the unit "activating" while this runs, so the
