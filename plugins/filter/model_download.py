@@ -1,6 +1,6 @@
 """Pure helpers for the model_download role: file selection, size bookkeeping and the planner's inputs.
 
-Kept free of Ansible state so they can be unit-tested (tests/unit/test_model_pipeline_filters.py).
+Kept free of Ansible state so they can be unit-tested (tests/unit/plugins/filter/test_model_pipeline_filters.py).
 """
 
 from __future__ import annotations

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-GOLDEN = Path(__file__).resolve().parent / "data" / "sizing_plans_golden.json"
+from repo_root import ROOT, UNIT_DATA
+
+GOLDEN = UNIT_DATA / "sizing_plans_golden.json"
 CATALOG = ROOT / "roles" / "vllm_node" / "vars" / "main"
 
 # (GPU catalog key, GPU count) for the full-size models; the tiny test models also run on the cpu device.

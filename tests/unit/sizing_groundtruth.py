@@ -18,14 +18,13 @@ from typing import Any
 import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
-
-ROOT = Path(__file__).resolve().parents[2]
+from repo_root import ROOT, UNIT_DATA
 
 GiB = 1 << 30
 TOLERANCE = 0.01   # 1 %
 
 _CANDIDATES = [Path(os.environ.get("VLLM_NODE_GROUNDTRUTH", "/work/shared/groundtruth/vllm-startup-reports.yaml")),
-               Path(__file__).resolve().parent / "data" / "vllm-startup-reports.json"]
+               UNIT_DATA / "vllm-startup-reports.json"]
 
 
 def load_cases() -> list[dict]:

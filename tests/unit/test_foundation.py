@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from repo_root import ROOT as REPO
 
 
 def _fake_python(bindir: Path, name: str, version: str) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from repo_root import ROOT
+
 # keys whose whole value is a bare Jinja expression
 CONDITIONS = {"when", "that", "failed_when", "changed_when", "until"}
 EXPRESSION = re.compile(r"\{\{.*?\}\}", re.S)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from repo_root import ROOT
+
 ANSIBLE_DOC = Path(sys.executable).parent / "ansible-doc"
 MODULES = sorted(path.stem for path in (ROOT / "plugins" / "modules").glob("*.py") if path.stem != "__init__")
 COLLECTION = "vllm_node.vllm_node"

@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from repo_root import ROOT as REPO
+
 README = REPO / "README.md"
 MAKEFILE = REPO / "Makefile"
 MAX_LINES = 200

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from repo_root import ROOT as REPO
+
 SPECS = sorted(REPO.glob("roles/*/meta/argument_specs.yml"))
 BEGIN, END = "<!-- BEGIN_ANSIBLE_DOCS -->", "<!-- END_ANSIBLE_DOCS -->"
 

@@ -2,13 +2,13 @@
 (the house rule "argument specs in lock-step with the defaults"), each with a type and a description."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from repo_root import ROOT
+
 ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta").is_dir())
 
 

@@ -6,15 +6,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.filter import gpu_inventory as gf
+from repo_root import ROOT
 
-ROOT = Path(__file__).resolve().parents[4]
 GPU_NODE = ROOT / "tests" / "fixtures" / "gpu_node"
 FILTERS = gf.FilterModule().filters()
 NODE_FACTS_FIELDS = yaml.safe_load((ROOT / "roles/node_facts/vars/main.yml").read_text())["__node_facts_smi_fields"]

@@ -17,8 +17,8 @@ import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.filter import node_manifest as nmf
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import node_manifest as nm
+from repo_root import ROOT
 
-ROOT = Path(__file__).resolve().parents[4]
 FILTERS = nmf.FilterModule().filters()
 API_KEY = "sk-unit-test-key-8f2c1e9d"
 HF_TOKEN = "hf_unitTestTokenQwErTy123"

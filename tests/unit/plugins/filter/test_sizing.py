@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from ansible_collections.vllm_node.vllm_node.plugins.filter import sizing as vllm_sizing
+from repo_root import ROOT
 from sizing_cases import KIMI, STORY_HARDWARE, TINY_LLAMA
 
-ROOT = Path(__file__).resolve().parents[4]
 FILTERS = ("vllm_kv_cache_bytes", "vllm_max_model_len", "vllm_kv_cache_tokens", "vllm_max_concurrency",
            "vllm_memory_plan")
 DOCUMENTED = (*FILTERS, "vllm_service_command")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 from hypothesis import given
@@ -16,8 +14,8 @@ from ansible_collections.vllm_node.vllm_node.plugins.module_utils.benchmark impo
     compare,
     figures,
 )
+from repo_root import ROOT
 
-ROOT = Path(__file__).resolve().parents[4]
 BANDS = yaml.safe_load(
     (ROOT / "roles/vllm_node/vars/main/benchmark_bands.yml").read_text())["vllm_node_benchmark_bands"]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,9 +27,9 @@ from ansible_collections.vllm_node.vllm_node.plugins.module_utils.plan_report im
     script_json,
 )
 from check_reports import check_report
+from repo_root import ROOT
 from sizing_cases import KIMI, STORY_HARDWARE
 
-ROOT = Path(__file__).resolve().parents[4]
 TEMPLATE = (ROOT / "roles/preflight/templates/plan-report.html.j2").read_text()
 CHART_JS_FILE = ROOT / "roles/preflight/files/chartjs/chart.umd.min.js"
 CHART_JS = CHART_JS_FILE.read_text()

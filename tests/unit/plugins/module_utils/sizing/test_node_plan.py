@@ -18,8 +18,8 @@ import sizing_groundtruth as gt
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing import inputs
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.versions import DEFAULT_VERSION
+from repo_root import ROOT
 
-ROOT = Path(__file__).resolve().parents[5]
 VARS = ROOT / "roles" / "vllm_node" / "vars" / "main"
 
 

@@ -112,8 +112,8 @@ def test_more_gpus_never_lower_the_safe_length(a, b, mib, spec):
 
 def test_the_catalogs_kimi_eagle3_draft_plans_and_renders_its_flag():
     """The story's known speed-up, carried by the catalog entry: sized as one MLA draft layer, flag in the unit."""
-    from test_catalogs import PRODUCT
-    entry = PRODUCT["kimi-k2.5-nvfp4"]
+    from sizing_golden import load_catalog
+    entry = load_catalog()[0]["kimi-k2.5-nvfp4"]
     spec = entry["speculative_config"]
     assert spec["method"] == "eagle3" and spec["model"] == "lightseekorg/kimi-k2.5-eagle3-mla"
     kwargs = dict(STORY_HARDWARE, releases=RELEASES, kv_cache_dtype="bfloat16", max_model_len=131072,

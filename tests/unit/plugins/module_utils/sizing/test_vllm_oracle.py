@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 
 import sizing_groundtruth as gt
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
+from repo_root import ROOT
 
-ROOT = Path(__file__).resolve().parents[5]
 ORACLE = ROOT / "tests" / "oracle" / "vllm_kv_oracle.py"
 DEFAULT_PYTHON = ROOT / ".cache" / "oracle" / "vllm-0.32.0-cpu" / "bin" / "python"
 PYTHON = Path(os.environ.get("VLLM_NODE_ORACLE_PYTHON") or DEFAULT_PYTHON)

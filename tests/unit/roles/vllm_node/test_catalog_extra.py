@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 import yaml
+from test_catalogs import GPUS, PRODUCT, ROOT
 
 from ansible_collections.vllm_node.vllm_node.plugins.filter import catalog
-from test_catalogs import GPUS, PRODUCT, ROOT
 
 GOOD_MODEL: dict[str, Any] = {
     "repo": "acme/Small-8B", "checkpoint_bytes": 16_000_000_000,

@@ -16,9 +16,8 @@ import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.filter import catalog
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
+from repo_root import ROOT
 from sizing_groundtruth import load_releases
-
-ROOT = Path(__file__).resolve().parents[2]
 
 PRODUCT: dict[str, Any] = yaml.safe_load(
     (ROOT / "roles/vllm_node/vars/main/models.yml").read_text())["vllm_node_catalog_models"]

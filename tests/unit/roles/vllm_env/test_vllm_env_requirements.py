@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+from repo_root import ROOT
+
 ROLE = ROOT / "roles" / "vllm_env"
 REQ_DIR = ROLE / "files" / "requirements"
 LOCKS = sorted(REQ_DIR.glob("vllm-*.txt"))

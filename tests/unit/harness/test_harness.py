@@ -17,8 +17,8 @@ import pytest
 
 from harness import clients, node, playbook, unit
 from harness.figures import Figures
+from repo_root import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 # Where test helpers live (node-side programs such as tests/fixtures/hf_hub/server.py are not test modules).
 HELPER_GLOBS = ("molecule/*/tests/**/*.py", "tests/integration/**/*.py", "tests/fixtures/*.py", "tests/harness/**/*.py")
 

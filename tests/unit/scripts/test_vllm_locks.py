@@ -11,6 +11,7 @@ import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 
+from repo_root import ROOT, UNIT_DATA
 from vllm_locks import (
     CachedIndex,
     Pin,
@@ -24,8 +25,7 @@ from vllm_locks import (
     supported_tags,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-DATA = Path(__file__).parent / "data" / "lock_check"
+DATA = UNIT_DATA / "lock_check"
 VARS = ROOT / "roles" / "vllm_node" / "vars" / "main"
 PLATFORMS = yaml.safe_load((VARS / "platforms.yml").read_text())
 CATALOG = yaml.safe_load((VARS / "vllm_locks.yml").read_text())["vllm_node_vllm_locks"]

@@ -3,16 +3,13 @@ vLLM's /metrics, and the playbook's shape (batches, no failure tolerated, the si
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.filter.vllm_metric_sum import vllm_metric_sum
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import missing_servers, parse_show_stat
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import sample_sum
-
-ROOT = Path(__file__).resolve().parents[2]
+from repo_root import ROOT
 
 # HAProxy 2.6's `show stat` for the gateway role's configuration with two servers, the first drained, the second
 # down (columns after `status` shortened to the ones the parser reads, which it finds by name).

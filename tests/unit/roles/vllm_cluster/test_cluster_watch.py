@@ -11,7 +11,9 @@ from pathlib import Path
 import jinja2
 import pytest
 
-TEMPLATE = (Path(__file__).resolve().parents[2] / "roles/vllm_cluster/templates/usr/local/libexec/vllm-node/"
+from repo_root import ROOT
+
+TEMPLATE = (ROOT / "roles/vllm_cluster/templates/usr/local/libexec/vllm-node/"
             "cluster-watch.py.j2")
 HEAD, WORKER = "172.31.112.10", "172.31.112.11"
 

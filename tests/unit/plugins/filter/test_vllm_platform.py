@@ -3,8 +3,6 @@ and the driver branch must run the lock's CUDA major. The catalog and the branch
 (roles/vllm_node/vars/main/), plus hand-made entries for the edges."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
@@ -14,8 +12,9 @@ from ansible_collections.vllm_node.vllm_node.plugins.filter.vllm_platform import
     vllm_platform_check,
 )
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.filter_errors import AnsibleFilterError
+from repo_root import ROOT
 
-VARS = Path(__file__).resolve().parents[2] / "roles" / "vllm_node" / "vars" / "main"
+VARS = ROOT / "roles" / "vllm_node" / "vars" / "main"
 CATALOG = yaml.safe_load((VARS / "vllm_locks.yml").read_text())["vllm_node_vllm_locks"]
 TABLE = yaml.safe_load((VARS / "platforms.yml").read_text())["vllm_node_driver_cuda"]
 

@@ -7,7 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from repo_root import ROOT
+
 SCRIPT = ROOT / "scripts" / "molecule-lanes.sh"
 
 

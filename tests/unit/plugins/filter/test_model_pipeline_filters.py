@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 from ansible.errors import AnsibleFilterError
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
+from repo_root import ROOT
 
 md = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.filter.model_download")
 mc = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.filter.model_config")
