@@ -21,7 +21,7 @@ KIMI_TEXT = {"model_type": "kimi_k2", "num_hidden_layers": 61, "hidden_size": 71
              "max_position_embeddings": 262144, "dtype": "bfloat16"}
 KIMI = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": KIMI_TEXT}
 
-RTX_PRO_6000 = {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_mib": 97887,
+RTX_PRO_6000 = {"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "memory_mib": 97887, "torch_memory_gib": 94.97,
                 "compute_capability": "12.0"}
 STORY_HARDWARE = dict(gpu=RTX_PRO_6000, gpu_count=8, checkpoint_bytes=591_000_000_000,
              quant={"kv_cache_quant_algo": "FP8"}, model_key="kimi-k2.5-nvfp4",

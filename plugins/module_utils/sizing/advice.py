@@ -115,8 +115,9 @@ def headroom_advice(s: Sizing) -> list[str]:
     if not s.cuda or budget is None or budget.headroom >= 0:
         return []
     graphs = "" if budget.cg_subtracted else " and CUDA graphs"
-    outside = budget.non_torch + (0 if budget.cg_subtracted else budget.cudagraph)
-    return [f"Lower --gpu-memory-utilization: {s.memory.util:g} leaves {format_bytes(budget.total - budget.requested)} "
+    outside = budget.outside_torch + (0 if budget.cg_subtracted else budget.cudagraph)
+    return [f"Lower --gpu-memory-utilization: {s.memory.util:g} leaves "
+            f"{format_bytes(budget.budget_total - budget.requested)} "
             f"outside vLLM's budget, but the CUDA context, NCCL{graphs} need about {format_bytes(outside)}."]
 
 
@@ -129,9 +130,9 @@ def _util_check(s: Sizing) -> dict[str, Any]:
     message, ok = "", True
     if s.cuda and budget is not None:
         ok = budget.headroom >= 0
-        message = (f"{memory.util:g} x {format_bytes(budget.total)} = {format_bytes(budget.requested)} for vLLM; "
-                   f"{format_bytes(budget.total - budget.requested)} left for the CUDA context and NCCL "
-                   f"(~{format_bytes(budget.non_torch)})"
+        message = (f"{memory.util:g} x {format_bytes(budget.budget_total)} (torch's total) = "
+                   f"{format_bytes(budget.requested)} for vLLM; {format_bytes(budget.budget_total - budget.requested)} "
+                   f"left for the CUDA context and NCCL (~{format_bytes(budget.outside_torch)})"
                    + ("" if budget.cg_subtracted else f" and CUDA graphs (~{format_bytes(budget.cudagraph)})"))
         if memory.util_auto:
             message = (f"auto (vLLM {s.inputs.vllm_version} default {memory.default_util:g}, raised up to "
@@ -197,7 +198,8 @@ def reasons(s: Sizing, len_message: str) -> list[str]:
         out += [f"Weights: {format_bytes(budget.weights)} per GPU ({s.memory.weights_text}).",
                 f"Activation peak: {format_bytes(budget.activation)} ({s.memory.activation_text}).",
                 f"CUDA graphs: ~{format_bytes(budget.cudagraph)} " + graphs,
-                f"Budget: ceil({s.memory.util:g} x {format_bytes(budget.total)}) = {format_bytes(budget.requested)}; "
+                f"Budget: ceil({s.memory.util:g} x {format_bytes(budget.budget_total)}) = "
+                f"{format_bytes(budget.requested)}; "
                 "minus weights, activations" + (", CUDA graphs" if budget.cg_subtracted else "")
                 + f" leaves {format_bytes(s.available)} for the KV cache {s.where}."]
     out.append(kv_sentence(s))

@@ -1,7 +1,9 @@
 """The per-GPU memory budget: weights, activation peak, CUDA graphs, driver memory, the utilization choice.
 
 These are calibrated, conservative estimates of what vLLM measures at start-up (the calibration is written
-down in plugins/README.md); every constant comes from the releases data's sizing_estimates.
+down in plugins/README.md and held by tests/unit/sizing_fullbudget.py against public full start-up logs); every
+constant comes from the releases data's sizing_estimates, each with its evidence there. Where a rule is uncertain
+it errs low on the KV cache, and the plan's notes say by how much (budget_notes).
 """
 
 from __future__ import annotations
@@ -30,12 +32,23 @@ class Budget:
     activation: int
     cudagraph: int
     cg_subtracted: bool
-    non_torch: int
+    non_torch: int              # outside the budget: memory torch never sees + CUDA context + NCCL
+    torch_total: int = 0        # torch's (cudaMemGetInfo) total, what vLLM budgets from; 0: the same as total
 
     @property
     def requested(self) -> int:
-        """What vLLM may use: ceil(total x utilization)."""
-        return math.ceil(self.total * self.util)
+        """What vLLM may use: ceil(torch's total x utilization) (v1/worker/utils.py request_memory)."""
+        return math.ceil((self.torch_total or self.total) * self.util)
+
+    @property
+    def budget_total(self) -> int:
+        """The total vLLM's utilization multiplies: torch's."""
+        return self.torch_total or self.total
+
+    @property
+    def outside_torch(self) -> int:
+        """CUDA context + NCCL: the part of non_torch that torch's total still holds."""
+        return self.non_torch - (self.total - self.budget_total)
 
     @property
     def kv(self) -> int:
@@ -99,6 +112,70 @@ def resolve_batch(inputs: PlanInputs, device: Device, world: int) -> Batch:
     return Batch(mnbt, seqs)
 
 
+def torch_total(inputs: PlanInputs, device: Device) -> tuple[int, str]:
+    """The GPU total vLLM budgets from: torch's cudaMemGetInfo total, below nvidia-smi's memory.total.
+
+    vLLM's requested memory is ceil(torch total x utilization) (v1/worker/utils.py request_memory). The driver
+    keeps ~0.45-0.7 GiB that torch never sees (catalog torch_memory_gib, each with its public log: H100 79.11 of
+    79.65 GiB, H200 139.8 of 140.4, B200 178.35 of 179.06, RTX PRO 6000 94.97 of 95.59, RTX 5090 31.4 of 31.84).
+    A catalog GPU carries it; an explicit gpu_memory_bytes (nvidia-smi's total) loses the same difference; any
+    other GPU loses sizing_estimates.torch_invisible_gib (more than any measured, so the plan errs low).
+    """
+    gpu = inputs.gpu or {}
+    if gpu.get("torch_memory_gib") and gpu.get("memory_mib"):
+        invisible = int(gpu["memory_mib"]) * MiB - round(float(gpu["torch_memory_gib"]) * GiB)
+        text = f"torch sees {float(gpu['torch_memory_gib']):g} GiB (GPU catalog)"
+    else:
+        invisible = int(estimate(inputs.releases, "torch_invisible_gib") * GiB)
+        text = f"torch sees nvidia-smi's total less {format_bytes(invisible)} (not measured for this GPU: assumed)"
+    return device.total - max(invisible, 0), text
+
+
+def mxfp4_padding_bytes(config: dict[str, Any], shape: ModelShape, compute_capability: Any, rel: Releases,
+                        version: str) -> int:
+    """Extra bytes (whole model) vLLM allocates for MXFP4 MoE experts on GPUs without native FP4 (cc < 10).
+
+    The backends round the experts' hidden and intermediate sizes up to their tiles (release rule
+    mxfp4_moe_alignment, with its evidence): gpt-oss's hidden 2880 becomes 3072 (+6.7 % per expert), and on
+    Marlin the intermediate 2880 becomes 2944. Expert bytes: layers x experts x 3 x hidden x intermediate x
+    4.25 bits (e2m1 + one e8m0 scale per 32 values).
+    """
+    tc = config.get("text_config") or config
+    quant = tc.get("quantization_config") or config.get("quantization_config") or {}
+    if str(quant.get("quant_method", "")).lower() != "mxfp4":
+        return 0
+    try:
+        major = int(str(compute_capability).split(".")[0])
+    except (TypeError, ValueError):
+        major = 0   # unknown GPU: the padded layout (more weights, errs low on the KV cache)
+    if major >= 10:
+        return 0
+    experts = int(tc.get("num_local_experts") or tc.get("n_routed_experts") or tc.get("num_experts") or 0)
+    inter = int(tc.get("moe_intermediate_size") or tc.get("intermediate_size") or 0)
+    hidden = shape.hidden_size
+    if not (experts and inter and hidden):
+        return 0
+    table = rule(rel, "mxfp4_moe_alignment", version)
+    align_h, align_i = (int(x) for x in table.get(str(major), table["default"]))
+    padded = (-(-hidden // align_h) * align_h) * (-(-inter // align_i) * align_i)
+    return int(shape.num_layers * experts * 3 * (padded - hidden * inter) * 4.25 / 8)
+
+
+def skipped_mtp_bytes(config: dict[str, Any], shape: ModelShape, checkpoint_bytes: int, spec: Any) -> int:
+    """Checkpoint bytes of MTP layers vLLM does not load: without MTP speculative decoding the model's
+    load_weights skips them (deepseek_v2.py get_spec_layer_idx_from_weight_name -> continue, 0.32).
+
+    Charged as the average layer's share of what is not embedding: an MTP module is a MoE layer plus its own
+    embedding and head copies, heavier than the average (DeepSeek's 3 dense layers pull it down), so less is taken
+    off than vLLM skips (DeepSeek-V3/R1 at TP 8: 1.3 GiB of the ~1.8 GiB per GPU; errs low).
+    """
+    layers = speculative.mtp_layers(config)
+    if not layers or (spec is not None and spec.method == "mtp"):
+        return 0
+    embed, head = _embedding_bytes(shape, checkpoint_bytes)
+    return int((checkpoint_bytes - embed - head) * layers / (shape.num_layers + layers))
+
+
 def _embedding_bytes(shape: ModelShape, checkpoint_bytes: int) -> tuple[int, int]:
     """(input embedding, lm_head) bytes of the checkpoint, bf16 (exports keep them unquantized); at most half of
     the checkpoint each, so a model without vocab_size / hidden_size is split by layers alone."""
@@ -146,19 +223,47 @@ def weights_per_gpu(shape: ModelShape, checkpoint_bytes: int, tp: int, pp: int, 
     return max(weights_per_stage(shape, checkpoint_bytes, tp, counts, rel))
 
 
-def activation_peak(shape: ModelShape, batch: Batch, rel: Releases) -> tuple[int, str]:
-    """The profile run's torch peak above the weights; and how that was made."""
+def comm_growth(tp: int, rel: Releases) -> int:
+    """Non-torch memory that communication adds inside vLLM's budget (after its start-up snapshot).
+
+    NCCL connects its peers lazily, at the first collective of the profile run, so its buffers show up as
+    non-torch growth inside the budget. Logged (H100, vLLM 0.11.0, llm-d-benchmark): non-torch 0.13 GiB at TP 1,
+    0.54-0.55 GiB at TP 2 (Qwen3-32B, Llama-3.3-70B-FP8): +0.42 GiB for the one peer. Larger TP is not in the public
+    logs found: every further peer is charged as much again (linear, the steeper of the simple extrapolations; see
+    budget_notes).
+    """
+    return int(estimate(rel, "tp_comm_gib_per_peer") * GiB * max(tp - 1, 0))
+
+
+def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
+                    version: str = "0.33.0") -> tuple[int, str]:
+    """The profile run's torch peak above the weights (+ non-torch growth); and how that was made.
+
+    vLLM's profile run (gpu_model_runner.py profile_run) is, in turn: the multimodal encoder on dummy items, a
+    forward pass of max_num_batched_tokens, the sampler warm-up with max_num_seqs dummy requests
+    (_dummy_sampler_run). Each phase's activations are freed before the next, so the peak is the largest of the
+    three, not their sum. The sampler's peak (logits, penalties, softmax, top-k/top-p sort values and int64
+    indices) is the release rule sampler_logits_copies x max_num_seqs x vocab x 4 B (10 copies while vLLM sorted
+    the vocab, 2 since its top-k/top-p kernel does not; the evidence is in the releases data).
+    """
     mnbt = batch.max_num_batched_tokens
-    parts = [("floor", estimate(rel, "activation_floor_gib") * GiB)]
     hidden = shape.hidden_size or 8192   # unknown hidden size: assume a large model (conservative)
-    parts.append(("hidden states", mnbt * hidden * 2 * estimate(rel, "activation_hidden_multiplier")))
+    forward = [("hidden states", mnbt * hidden * 2 * estimate(rel, "activation_hidden_multiplier"))]
     if shape.top_k:
-        parts.append(("MoE workspaces", mnbt * shape.top_k * hidden * 2 * estimate(rel, "moe_workspace_multiplier")))
+        forward.append(("MoE workspaces", mnbt * shape.top_k * hidden * 2 * estimate(rel, "moe_workspace_multiplier")))
     vocab = shape.vocab_size or 152064
-    parts.append(("sampler logits", min(batch.max_num_seqs, mnbt) * vocab * 4 * estimate(rel, "sampler_logits_copies")))
+    sampler = min(batch.max_num_seqs, mnbt) * vocab * 4 * float(rule(rel, "sampler_logits_copies", version))
+    phases = [("forward (" + " + ".join(f"{n} {v / GiB:.2f}" for n, v in forward) + ")", sum(v for _, v in forward)),
+              (f"sampler warm-up of {min(batch.max_num_seqs, mnbt):,} requests", sampler)]
     if shape.has_vision:
-        parts.append(("encoder profiling", estimate(rel, "encoder_profile_gib") * GiB))
+        phases.append(("encoder profiling", estimate(rel, "encoder_profile_gib") * GiB))
+    name, peak = max(phases, key=lambda p: p[1])
+    others = ", ".join(f"{n.split(' (')[0]} {v / GiB:.2f}" for n, v in phases if n != name)
+    parts = [("floor", estimate(rel, "activation_floor_gib") * GiB), (f"{name} (the largest phase; {others})", peak)]
     parts.append(("non-torch growth", estimate(rel, "non_torch_growth_gib") * GiB))
+    comm = comm_growth(tp, rel)
+    if comm:
+        parts.append((f"TP {tp} communication buffers", comm))
     total = int(sum(v for _, v in parts))
     text = " + ".join(f"{name} {v / GiB:.2f}" for name, v in parts) + f" = {format_bytes(total)}"
     return total, f"profile run with {mnbt:,} batched tokens: {text}"
@@ -227,10 +332,17 @@ def _stage_budgets(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, devi
     counts = [len(x) for x in pp_stages(shape.num_layers, par.pp, inputs.pp_layer_partition)]
     spec = speculative.resolve(inputs.config, inputs.speculative_config)
     adapters = lora.resolve(inputs.enable_lora, inputs.max_loras, inputs.max_lora_rank)
-    non_torch = int(estimate(rel, "cuda_context_gib") * GiB
+    total, _ = torch_total(inputs, device)
+    # Outside vLLM's budget: what the driver keeps from torch, the CUDA context, NCCL's communicators.
+    non_torch = int(device.total - total + estimate(rel, "cuda_context_gib") * GiB
                     + (estimate(rel, "nccl_gib_if_distributed") * GiB if par.tp * par.pp > 1 else 0))
+    padding = mxfp4_padding_bytes(inputs.config, shape, device.compute_capability, rel, version)
     out = []
     for rank, (weights, text) in enumerate(weights_per_stage(shape, ckpt, par.tp, counts, rel)):
+        if padding:
+            extra = int(padding * counts[rank] / max(1, sum(counts)) / par.tp)
+            weights += extra
+            text += f", + {format_bytes(extra)} of MXFP4 experts padded to the tiles of a GPU without native FP4"
         if spec is not None and spec.draft_bytes and rank == par.pp - 1:
             # The draft model runs with the target's tensor parallel size, on the last pipeline stage.
             weights += spec.draft_bytes // par.tp
@@ -241,9 +353,10 @@ def _stage_budgets(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, devi
             text += f", + {format_bytes(extra)} of LoRA slots ({adapters.max_loras} x rank {adapters.max_lora_rank})"
         cudagraph = 0 if inputs.enforce_eager else int(
             estimate(rel, "cudagraph_base_gib") * GiB
-            + len(layout.stages[rank]) * estimate(rel, "cudagraph_per_layer_mib") * MiB)
+            + len(layout.stages[rank]) * estimate(
+                rel, "cudagraph_per_moe_layer_mib" if shape.top_k else "cudagraph_per_layer_mib") * MiB)
         out.append((Budget(device.total, 0.0, weights, activation, cudagraph,
-                           bool(rule(rel, "cudagraph_memory_subtracted", version)), non_torch), text))
+                           bool(rule(rel, "cudagraph_memory_subtracted", version)), non_torch, total), text))
     return out
 
 
@@ -261,7 +374,10 @@ def cuda_budget(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device:
     """
     rel, version = inputs.releases, inputs.vllm_version
     ckpt = _checkpoint_bytes(inputs.checkpoint_bytes)
-    activation, activation_text = activation_peak(shape, batch, rel)
+    spec = speculative.resolve(inputs.config, inputs.speculative_config)
+    skipped = skipped_mtp_bytes(inputs.config, shape, ckpt, spec)
+    ckpt -= skipped
+    activation, activation_text = activation_peak(shape, batch, rel, par.tp, version)
     bases = _stage_budgets(inputs, shape, layout, device, par, ckpt, activation)
     default_util = float(rule(rel, "gpu_memory_utilization_default", version))
     max_util = max(default_util, estimate(rel, "max_auto_gpu_memory_utilization"))
@@ -274,7 +390,25 @@ def cuda_budget(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device:
     stages = tuple(replace(base, util=util) for base, _ in bases)
     bound = bounding_stage(layout, tuple(b.kv for b in stages))
     return MemoryBudget(stages[bound], util, util_auto, default_util, max_util,
-                        bases[bound][1], activation_text, stages=stages, bound=bound)
+                        bases[bound][1], activation_text, notes=budget_notes(inputs, device, par, skipped),
+                        stages=stages, bound=bound)
+
+
+def budget_notes(inputs: PlanInputs, device: Device, par: Parallel, skipped_mtp: int = 0) -> tuple[str, ...]:
+    """What the budget assumed where the evidence is thin, and by how much the KV estimate may err (low)."""
+    rel = inputs.releases
+    total, text = torch_total(inputs, device)
+    notes = [f"GPU total: {text}, {format_bytes(total)} of nvidia-smi's {format_bytes(device.total)}"]
+    if skipped_mtp:
+        notes.append(f"weights: the checkpoint's MTP layers ({skipped_mtp / 1e9:.1f} GB, an average layer's share; "
+                     "vLLM skips them without MTP speculative decoding) are not counted")
+    if par.tp > 2:
+        measured = estimate(rel, "tp_comm_gib_per_peer")
+        notes.append(f"TP {par.tp} communication buffers inside the budget: {format_bytes(comm_growth(par.tp, rel))} "
+                     f"({measured:g} GiB per peer, measured at TP 2 only); if they grow slower the KV estimate is "
+                     f"low by up to {format_bytes(comm_growth(par.tp, rel) - comm_growth(2, rel))}, if faster it is "
+                     "high by the difference")
+    return tuple(notes)
 
 
 def cpu_budget(inputs: PlanInputs, shape: ModelShape, device: Device, par: Parallel) -> tuple[MemoryBudget, list[int]]:

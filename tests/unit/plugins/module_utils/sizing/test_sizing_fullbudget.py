@@ -1,0 +1,116 @@
+"""The plan's whole per-GPU budget (weights and available KV) against public full start-up logs (issue 26).
+
+Table: `PYTHONPATH=collections:tests/unit .venv/bin/python tests/unit/sizing_fullbudget.py`.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import sizing_fullbudget as fb
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.budget import activation_peak, torch_total
+from sizing_groundtruth import load_releases
+
+ROWS = fb.rows()
+SCORE = fb.score(ROWS)
+# What the set scored when issue 26's rules went in (22 of 27, 81 %): a later change may only do better. The issue's
+# target (>= 90 %) is not reached; the misses are listed in MISSES with their reason.
+FLOOR_WITHIN = 22
+MISSES = {
+    "llmd-h100-qwen3-32b-tp1:available_kv_gib": "4.45 GiB left of 71.26: the 1 % weights margin and the floor alone "
+                                                "are 30 % of it (errs low)",
+    "llmd-h100-gpt-oss-120b:available_kv_gib": "the row's own figures do not add up (71.26 - 64.38 - 7.38 - 0.13 < 0 "
+                                               "but 3.33 GiB logged); vllm#27508 (same GPU, model, version) needs "
+                                               "the larger activation (errs low)",
+    "llmd-h100-mistral-small-3.2-24b:available_kv_gib": "2.12 GiB activation logged, below the sampler warm-up of "
+                                                        "the text-only logs of the same campaign (errs low)",
+    "vllm-27508-gpt-oss-120b-h100:available_kv_gib": "1.71 GiB left: 0.16 GiB low is 9.5 % (errs low)",
+    "vllm-gce-a100-40gb-llama-3.1-8b-eager:available_kv_gib": "A100 40GB outside the catalog (1 GiB assumed "
+                                                             "invisible to torch) and vLLM 0.15's sampler "
+                                                             "unmeasured (10 copies assumed): errs low",
+}
+
+
+def test_every_log_cites_its_source_version_and_words() -> None:
+    for log in fb.load_logs():
+        assert log["source_url"].startswith("https://github.com/"), log["id"]
+        assert log["vllm_version"] and log["quote"] and log["expect"], log["id"]
+        assert set(log["expect"]) <= {"weights_gib", "available_kv_gib", "kv_tokens"}, log["id"]
+
+
+def test_the_set_is_broad_and_has_blackwell() -> None:
+    assert SCORE["logs"] >= 15 and SCORE["sources"] >= 6 and SCORE["figures"] >= 25
+    gpus = {log.get("gpu") for log in fb.load_logs()}
+    assert {"rtx-pro-6000-blackwell", "rtx-5090"} <= gpus and "h100-80gb" in gpus
+
+
+def test_safety_the_plan_never_finds_more_kv_than_vllm_had() -> None:
+    """The story's failure mode: "fits" where vLLM fails at load. Never more than 2 % above vLLM's figure."""
+    kv = [r for r in ROWS if r["quantity"] == "available_kv_gib"]
+    over = [(r["log"], round(r["over"] * 100, 2)) for r in kv if r["over"] > fb.SAFETY_MARGIN]
+    assert not over
+    for row in kv:   # vLLM found no room: neither may the plan
+        if row["logged"] <= 0:
+            assert row["predicted"] <= 0, row["log"]
+
+
+def test_figures_within_tolerance_do_not_regress() -> None:
+    within = SCORE["within"]
+    misses = {f"{r['log']}:{r['quantity']}" for r in ROWS if not r["within"]}
+    assert misses <= set(MISSES), f"new misses: {sorted(misses - set(MISSES))}"
+    assert within >= FLOOR_WITHIN, f"{within} of {SCORE['figures']} within tolerance (was {FLOOR_WITHIN})"
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r["quantity"] == "weights_gib"],
+                         ids=lambda r: r["log"])
+def test_weights_within_three_percent(row: dict) -> None:
+    assert row["within"], f"{row['log']}: {row['predicted']:.2f} GiB vs {row['logged']} ({row['error'] * 100:+.1f} %)"
+
+
+def test_the_old_sampler_estimate_over_predicted_the_kv_cache() -> None:
+    """With the sampler warm-up at 2 logits copies on vLLM 0.11 (the estimate before issue 26), Llama-3.1-8B on
+    H100 gets more KV than vLLM had; with nvidia-smi's total instead of torch's it gets more still."""
+    releases = load_releases()
+    log = next(entry for entry in fb.load_logs() if entry["id"] == "llmd-h100-llama-3.1-8b")
+    _, kv, _ = fb.predict(log, releases)
+    _, kv_old, _ = fb.predict(log, dict(releases, sampler_logits_copies=[{"since": "0.0.0", "value": 2}]))
+    assert kv <= 51.38 * (1 + fb.SAFETY_MARGIN) < kv_old
+    smi = dict(fb.plan_kwargs(log, releases), gpu={k: v for k, v in fb._gpus()["h100-80gb"].items()
+                                                   if k != "torch_memory_gib"})
+    smi_releases = dict(releases, sizing_estimates=dict(releases["sizing_estimates"], torch_invisible_gib=0))
+    smi["releases"] = smi_releases
+    sized = fb.size(fb.PlanInputs.from_kwargs(log["config_json"], **smi))
+    torch_gib = fb._gpus()["h100-80gb"]["torch_memory_gib"]
+    assert sized.available / fb.GiB - kv == pytest.approx(0.9 * (81559 / 1024 - torch_gib), abs=0.01)
+
+
+def test_torch_total_comes_from_the_catalog_or_errs_low() -> None:
+    from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.inputs import PlanInputs, resolve_device
+
+    releases = load_releases()
+    gpu = fb._gpus()["rtx-pro-6000-blackwell"]
+    inputs = PlanInputs.from_kwargs({}, releases=releases, gpu=gpu)
+    total, text = torch_total(inputs, resolve_device(inputs))
+    assert total == round(94.97 * fb.GiB) and "catalog" in text
+    bare = PlanInputs.from_kwargs({}, releases=releases, gpu={"memory_mib": 97887})
+    total, text = torch_total(bare, resolve_device(bare))
+    assert total == 97887 * fb.MiB - fb.GiB and "assumed" in text   # more than any measured difference (0.71 GiB)
+
+
+def test_the_profile_phases_peak_one_at_a_time() -> None:
+    """Encoder, forward and sampler run in turn and free their activations: the peak is the largest, not the sum."""
+    from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.budget import Batch
+    from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.model import model_shape
+
+    releases = load_releases()
+    config = fb._document()["configs"]["llama-3.1-8b"]
+    shape = model_shape(config)
+    small, _ = activation_peak(shape, Batch(8192, 1), releases, 1, "0.11.0")
+    large, text = activation_peak(shape, Batch(8192, 1024), releases, 1, "0.11.0")
+    sampler = 1024 * 128256 * 4 * 10
+    assert large - small == pytest.approx(sampler - 8192 * 4096 * 2 * 16, abs=1 << 20)
+    assert "sampler warm-up of 1,024 requests (the largest phase" in text
+    two_ranks, text2 = activation_peak(shape, Batch(8192, 1024), releases, 2, "0.11.0")
+    assert two_ranks - large == round(0.42 * fb.GiB) and "TP 2 communication buffers" in text2
+    eight_ranks, _ = activation_peak(shape, Batch(8192, 1024), releases, 8, "0.11.0")
+    assert eight_ranks - large == pytest.approx(7 * 0.42 * fb.GiB, abs=8)   # per peer: the steeper extrapolation
