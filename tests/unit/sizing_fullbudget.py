@@ -11,18 +11,18 @@ it. Run directly for the table (PYTHONPATH=collections:tests/unit):
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.inputs import PlanInputs
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.plan import size
+from repo_root import UNIT_DATA
 from sizing_groundtruth import ROOT, load_releases
 
 GiB = 1 << 30
 MiB = 1 << 20
-DATA = Path(__file__).resolve().parent / "data" / "vllm-full-budget-logs.yaml"
+DATA = UNIT_DATA / "vllm-full-budget-logs.yaml"
 WEIGHTS_TOLERANCE = 0.03       # |predicted / logged - 1| for "Model loading took"
 KV_TOLERANCE = 0.05            # the same for "Available KV cache memory"
 SAFETY_MARGIN = 0.02           # the plan's available KV may exceed vLLM's by at most this fraction, on any log
