@@ -12,12 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
+from ansible.errors import AnsibleFilterError
 
-try:
-    from ansible.errors import AnsibleFilterError
-except ImportError:  # plain Python use (tests) without Ansible installed
-    AnsibleFilterError = ValueError  # type: ignore[misc,assignment]
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
 
 
 def _plain(value: Any) -> Any:

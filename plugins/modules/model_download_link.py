@@ -7,9 +7,9 @@ DOCUMENTATION = r"""
 module: model_download_link
 short_description: Hard-link the unchanged files of a verified model revision into a new revision's directory
 description:
-  - Used by the model_download role before C(hf download) of a new revision. Each file listed in O(links) is
-    hard-linked from its O(links[].source) (a file of another, verified revision with the same sha256) to
-    O(dir)/O(links[].path), so the new revision costs neither download nor disk space for it.
+  - Used by the action plugin M(vllm_node.vllm_node.model_download) before C(hf download) of a new revision. Each
+    file listed in O(links) is hard-linked from its O(links[].source) (a file of another, verified revision with the
+    same sha256) to O(dir)/O(links[].path), so the new revision costs neither download nor disk space for it.
   - hf's bookkeeping of the source (O(links[].metadata), C(.cache/huggingface/download/<path>.metadata)) is copied,
     not linked, beside the new file; C(hf download) then only compares the ETag with one HEAD request (without it, hf
     hashes the file) and rewrites its own copy.
@@ -23,7 +23,7 @@ options:
     type: path
     required: true
   links:
-    description: What to link, as the model_download_link_plan filter returns it.
+    description: What to link, as C(link_plan) of C(plugins/module_utils/model_download/files.py) returns it.
     type: list
     elements: dict
     required: true
@@ -57,7 +57,10 @@ EXAMPLES = r"""
 - name: Link the shards that did not change since the serving revision
   vllm_node.vllm_node.model_download_link:
     dir: /srv/vllm/models/org/name/revisions/0123456789abcdef0123456789abcdef01234567
-    links: "{{ files | vllm_node.vllm_node.model_download_link_plan(local_sizes, verified_revisions) }}"
+    links:
+      - path: model-00002.safetensors
+        size: 4294967296
+        source: /srv/vllm/models/org/name/revisions/89abcdef0123456789abcdef0123456789abcdef/model-00002.safetensors
 """
 
 RETURN = r"""

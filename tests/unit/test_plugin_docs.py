@@ -44,8 +44,8 @@ def ansible_doc(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_modules_are_the_expected_ones():
     assert MODULES == ["bundle_fetch", "disk_space", "files_probe", "gateway_servers", "inference_check_benchmark",
-                       "inference_check_measure", "model_download_link", "vllm_plan", "vllm_service_probe",
-                       "vllm_service_wait"]
+                       "inference_check_measure", "model_download", "model_download_link", "model_download_node",
+                       "vllm_plan", "vllm_service_probe", "vllm_service_wait"]
 
 
 @pytest.mark.parametrize("name", MODULES)
@@ -67,9 +67,10 @@ def test_module_documentation(name):
 def test_modules_support_check_mode():
     for name in MODULES:
         source = (ROOT / "plugins" / "modules" / f"{name}.py").read_text()
-        if "AnsibleModule(" in source:  # vllm_service_wait is the action plugin's documentation only
+        if "AnsibleModule(" in source:  # vllm_service_wait, model_download: the action plugins' documentation only
             assert "supports_check_mode=True" in source, name
     assert (ROOT / "plugins" / "action" / "vllm_service_wait.py").exists()
+    assert (ROOT / "plugins" / "action" / "model_download.py").exists()
 
 
 def test_service_url_filter_documentation():

@@ -1,4 +1,7 @@
-"""Unit tests of the role-local filter plugins of model_download and model_config (pure Python, no Ansible)."""
+"""Unit tests of the filter plugins of model_config and of model_download_planner_inputs (pure Python, no Ansible).
+
+The rest of model_download is tested in tests/unit/plugins/module_utils/test_model_download_*.py.
+"""
 
 from __future__ import annotations
 
@@ -12,99 +15,9 @@ from repo_root import ROOT
 md = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.filter.model_download")
 mc = importlib.import_module("ansible_collections.vllm_node.vllm_node.plugins.filter.model_config")
 
-LISTING = [
-    {"type": "file", "path": "config.json", "size": 670},
-    {"type": "file", "path": "model-00001-of-00002.safetensors", "size": 1000},
-    {"type": "file", "path": "model-00002-of-00002.safetensors", "size": 500},
-    {"type": "file", "path": "model.safetensors.index.json", "size": 1727},
-    {"type": "directory", "path": "original"},
-    {"type": "file", "path": "original/consolidated.pth", "size": 9999},
-    {"type": "file", "path": "README.md", "size": 10},
-]
-
-
-def test_select_all_files_without_patterns_drops_folders() -> None:
-    paths = [f["path"] for f in md.select_files(LISTING)]
-    assert "original" not in paths
-    assert len(paths) == 6
-    assert paths == sorted(paths)
-
-
-def test_select_include_exclude_and_trailing_slash() -> None:
-    got = md.select_files(LISTING, include=["*.json", "*.safetensors"], exclude=["model-00002-*"])
-    assert [f["path"] for f in got] == [
-        "config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json"]
-    assert [f["path"] for f in md.select_files(LISTING, exclude=["original/"])] == [
-        "README.md",
-        "config.json",
-        "model-00001-of-00002.safetensors",
-        "model-00002-of-00002.safetensors",
-        "model.safetensors.index.json",
-    ]
-
-
-def test_metadata_split_keeps_small_files_only() -> None:
-    files = md.select_files(LISTING)
-    meta = md.split_metadata(files, ["*.json", "tokenizer*"])
-    assert [f["path"] for f in meta] == ["config.json", "model.safetensors.index.json"]
-
-
 def found(root: str, sizes: dict[str, int]) -> list[dict]:
     """What ansible.builtin.find (recurse, hidden, file_type=file) returns for files below root: absolute paths."""
     return [{"path": f"{root}/{rel}", "size": size, "mode": "0640", "isreg": True} for rel, size in sizes.items()]
-
-
-def test_missing_detects_absent_and_wrong_size() -> None:
-    files = md.select_files(LISTING, include=["*.safetensors"])
-    local = md.local_sizes(
-        found("/m", {"model-00001-of-00002.safetensors": 1000, "model-00002-of-00002.safetensors": 499}), "/m"
-    )
-    assert [f["path"] for f in md.missing_files(files, local)] == ["model-00002-of-00002.safetensors"]
-    assert md.total_size(md.missing_files(files, {})) == 1500
-
-
-def test_local_sizes_handles_spaces_subdirs_hidden_files_and_junk() -> None:
-    listing = found("/srv/m/org/x", {"a b c.json": 12, "sub dir/t.py": 3, ".gitattributes": 5})
-    listing += [{"path": "/srv/m/org/x/no-size"}, {"size": 7}, {"path": "/srv/m/org/x/str-size", "size": "7"}]
-    assert md.local_sizes(listing, "/srv/m/org/x/") == {"a b c.json": 12, "sub dir/t.py": 3, ".gitattributes": 5}
-
-
-def test_local_sizes_leaves_out_hf_bookkeeping_below_dot_cache_only() -> None:
-    listing = found("/m", {".cache/huggingface/download/a.json.metadata": 90, ".cache/x.incomplete": 4, "a.json": 2,
-                           "sub/.cache/kept.json": 1})
-    assert md.local_sizes(listing, "/m") == {"a.json": 2, "sub/.cache/kept.json": 1}
-
-
-def test_local_sizes_refuses_a_listing_of_another_directory() -> None:
-    with pytest.raises(AnsibleFilterError, match="not below /m"):
-        md.local_sizes(found("/other", {"a.json": 1}), "/m")
-    with pytest.raises(AnsibleFilterError, match="not below /m"):
-        md.local_sizes(found("/mx", {"a.json": 1}), "/m")
-
-
-@pytest.mark.parametrize(
-    ("rev", "expected"),
-    [("a" * 40, True), ("main", False), ("A" * 40, False), ("a" * 39, False), ("", False)],
-)
-def test_is_commit(rev: str, expected: bool) -> None:
-    assert md.is_commit(rev) is expected
-
-
-def test_verify_mismatches_parses_hf_output() -> None:
-    text = (
-        "[FAIL] Checksum verification failed for the following file(s):\n"
-        "  - model-00002-of-00003.safetensors: expected abc (sha256), got def\n"
-        "  - sub dir/x.json: expected 123 (git-sha1), got 456\n"
-    )
-    assert md.verify_mismatches(text) == ["model-00002-of-00003.safetensors", "sub dir/x.json"]
-    assert md.verify_mismatches("Verified 12 file(s). All checksums match.") == []
-
-
-def test_progress_line_reports_bytes_percent_and_eta() -> None:
-    line = md.progress_line(512 * 1024**2, 1024**3, 10.0)
-    assert "512.00 MiB / 1.00 GiB (50.0 %)" in line
-    assert "51.20 MiB/s" in line and "ETA 10 s" in line
-    assert "(100.0 %)" in md.progress_line(5, 0, 0)
 
 
 PLAN_017 = {
@@ -201,11 +114,6 @@ def test_state_record_keeps_written_files_only() -> None:
     written = [{"item": {"name": "config.json"}, "checksum": "abc"},
                {"item": {"name": "hf_quant_config.json"}, "skipped": True}]
     assert mc.state_record(written, patches) == {"files": {"config.json": {"patched_sha1": "abc", "rules": ["r1"]}}}
-
-
-def test_local_listing_counts_kept_originals_for_patched_files() -> None:
-    local = md.local_sizes(found("/m", {"config.json": 600, "config.json.orig": 670, "other.orig": 5}), "/m")
-    assert local["config.json"] == 670 and local["other.orig"] == 5 and "other" not in local
 
 
 SHARDS = [
