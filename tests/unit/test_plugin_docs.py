@@ -102,7 +102,7 @@ def test_every_exported_filter_is_documented():
     proc = ansible_doc("-t", "filter", "--list", "--json", COLLECTION)
     assert proc.returncode == 0, proc.stderr
     listed = {name.removeprefix(f"{COLLECTION}."): text for name, text in json.loads(proc.stdout).items()}
-    assert len(FILTERS) >= 40, sorted(FILTERS)  # the discovery found the plugins (a broken import fails above)
+    assert len(FILTERS) >= 30, sorted(FILTERS)  # the discovery found the plugins (32 today)
     undocumented = sorted(f"{name} ({FILTERS[name]})" for name in FILTERS if listed.get(name) in (None, "UNDOCUMENTED"))
     assert not undocumented, f"without documentation (add plugins/filter/<name>.yml or make it private): {undocumented}"
     stale = sorted(set(listed) - set(FILTERS))
