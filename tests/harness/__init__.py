@@ -15,5 +15,5 @@ under the same rootdir, so a scenario's tests import it as the integration tests
 - `harness.node`: small readers of a converged node (its API key, its listening sockets);
 - `harness.venv`: checks of a vllm_env venv on a node.
 
-tests/unit/test_harness.py fails when a helper is defined in two test modules: put it here instead.
+tests/unit/harness/test_harness.py fails when a helper is defined in two test modules: put it here instead.
 """
