@@ -13,20 +13,7 @@ from typing import Any
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
-
-
-def plain(value: Any) -> Any:
-    """Ansible's own str/dict/list subclasses (and lazy containers) as plain Python values."""
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    for kind in (int, float, str):
-        if isinstance(value, kind):
-            return kind(value)
-    return value
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.units import plain
 
 
 class ActionModule(ActionBase):

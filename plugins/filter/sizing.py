@@ -15,29 +15,13 @@ from typing import Any
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
-
-
-def _plain(value: Any) -> Any:
-    """Ansible hands over its own str/dict/list subclasses (and lazy templates): make them plain."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    return value
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.units import plain
 
 
 def _wrap(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     def filter_func(config: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return func(_plain(config), *[_plain(a) for a in args], **{k: _plain(v) for k, v in kwargs.items()})
+            return func(plain(config), *[plain(a) for a in args], **{k: plain(v) for k, v in kwargs.items()})
         except sizing.SizingError as exc:
             raise AnsibleFilterError(str(exc)) from exc   # Ansible names the filter itself
 

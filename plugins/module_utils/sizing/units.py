@@ -38,3 +38,18 @@ def to_int(name: str, value: Any) -> int:
 def is_auto(value: Any) -> bool:
     """'auto', '', '-1', -1 and None all mean: let the plan choose."""
     return value is None or (isinstance(value, str) and value.strip().lower() in ("auto", "", "-1")) or value == -1
+
+
+def plain(value: Any) -> Any:
+    """Ansible's own str/dict/list subclasses (and lazy containers) as plain Python values, before the maths sees them
+    (the filters and the vllm_plan action both hand their arguments through this)."""
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, bool) or value is None:
+        return value
+    for kind in (int, float, str):
+        if isinstance(value, kind):
+            return kind(value)
+    return value
