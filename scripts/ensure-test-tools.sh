@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Test tools beyond the venv, pinned: Debian's chromium (the plan report's browser test,
-# tests/integration/test_plan_report_browser.py) and promtool from Debian's prometheus package (the alert rules'
+# tests/integration/test_plan_report_browser.py), Debian's haproxy (the gateway's routing test,
+# tests/integration/test_gateway_routing.py: the package the gateway role installs on a bookworm host) and promtool from Debian's prometheus package (the alert rules'
 # unit tests, tests/integration/test_observability_role.py). .ci/run calls it; `make setup` too.
 # chromium: apt-get install when root on Debian/Ubuntu (measured on the 2-core machine: 28 s, 25 packages, 395 MB
 #   installed); otherwise a note, and the browser test skips (under CI=true it fails instead).
@@ -11,6 +12,18 @@ cd "$(dirname "$0")/.."
 PROMETHEUS_DEB_VERSION=${PROMETHEUS_DEB_VERSION:-2.42.0+ds-5+deb12u1}
 TOOLS=.cache/tools
 PROMTOOL=$TOOLS/prometheus-$PROMETHEUS_DEB_VERSION/promtool
+
+# haproxy: apt-get install when root (its binary only is run by the test; a host without systemd starts no
+#   service); otherwise the routing test skips (under CI=true it fails instead).
+if ! command -v haproxy >/dev/null 2>&1 && ! [ -x /usr/sbin/haproxy ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "ensure-test-tools: installing haproxy (Debian's package, for the gateway's routing test)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+  else
+    echo "ensure-test-tools: haproxy is missing: the gateway routing test will be skipped (as root: apt-get install haproxy)"
+  fi
+fi
 
 if ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
