@@ -9,10 +9,10 @@ import struct
 from pathlib import Path
 
 import pytest
-import tiny_models
 from hypothesis import given
 from hypothesis import strategies as st
 
+import tiny_models
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import lora_adapters as la
 
 BASE = "vllm-node-test/tiny-llama"
