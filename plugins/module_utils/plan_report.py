@@ -95,6 +95,32 @@ def memory_chart(plan: dict[str, Any], check: dict[str, Any] | None = None) -> d
     }
 
 
+def instances_chart(plan: dict[str, Any]) -> dict[str, Any]:
+    """The per-GPU chart of a split (vllm_node_instances): on every GPU of the node, the planned stack of each
+    instance on it, one above the other (GPUs shared by several instances carry several stacks); an instance the
+    plan refused draws nothing. The same shape as memory_chart, each segment naming its instance."""
+    gpus = plan.get("gpu_count")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1 or not isinstance(plan.get("instances"), list):
+        raise ValueError("plan must be a split's plan JSON (gpu_count and instances), got "
+                         f"{sorted(plan) if isinstance(plan, dict) else type(plan).__name__}")
+    planned, budget, total = [], [0] * gpus, 0
+    for row in plan["instances"]:
+        single = row.get("plan")
+        if not single:
+            continue
+        chart = memory_chart(dict(single, fits=True))
+        on = [i for i in row.get("gpus") or [] if 0 <= i < gpus]
+        total = max(total, chart["total_bytes"])
+        for i in on:
+            budget[i] += chart["budget_bytes"]
+        for segment in chart["planned"]:
+            value = segment["bytes"][0]
+            planned.append({"key": segment["key"], "label": f"{row['name']}: {segment['label']}",
+                            "instance": row["name"], "bytes": [value if i in on else 0 for i in range(gpus)]})
+    return {"gpus": [f"GPU {i}" for i in range(gpus)], "fits": bool(plan.get("fits")), "budget_bytes": max(budget),
+            "total_bytes": total, "kv_needed_bytes": 0, "planned": planned, "reported": []}
+
+
 def script_json(value: Any) -> str:
     """JSON safe to embed in an HTML <script> element: '<', '>' and '&' escaped, so no string closes the element."""
     text = json.dumps(value, sort_keys=True)
@@ -117,7 +143,7 @@ def plan_report_html(plan: dict[str, Any], template: str, chart_js: str, check: 
     summary when given, and `chart_js` inline, so it needs no network.
     """
     summary = {key: check.get(key) for key in ("host", "time", "url", "plan")} if check else None
-    chart = memory_chart(plan, check)
+    chart = instances_chart(plan) if "instances" in plan else memory_chart(plan, check)
     return _render(
         template, chart_js, managed,
         plan=plan,

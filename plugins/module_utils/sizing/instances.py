@@ -13,7 +13,8 @@ The document (vllm_node_plan when vllm_node_instances is set; without it the pla
                     "shares_gpus_with", "start_after", "gpu_memory_utilization", "fits", "min_gpus", "need",
                     "error", "plan"}],          # plan: the single-model plan with its service block (None: refused)
      "gpus": [{"index", "numa", "instances", "memory_fraction", "used_bytes", "total_bytes", "fits"}],
-     "start_order": [[names that start together], ...], "checks", "reasons", "advice", "message"}
+     "start_order": [[names that start together], ...], "checks", "reasons", "advice",
+     "message" (the refusal; "" when it fits), "summary" (the line a split that fits prints; "" when refused)}
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from .budget import torch_total
 from .errors import SizingError
 from .inputs import Device, PlanInputs, knob_count, knob_variant, resolve_gpu
 from .placement import Topology, describe_group, place
-from .units import GiB
+from .units import GiB, MiB
 from .versions import estimate, releases_data
 
 Planner = Callable[[Mapping[str, Any]], dict[str, Any]]
@@ -180,7 +181,7 @@ def invisible_bytes(args: Mapping[str, Any], gpu_entry: Mapping[str, Any], total
     return total - seen
 
 
-def shared_gpus(rows: list[dict[str, Any]], safe_total: float, invisible: int) -> list[dict[str, Any]]:
+def shared_gpus(rows: list[dict[str, Any]], safe_total: float, invisible: int, total: int) -> list[dict[str, Any]]:
     """Per GPU: who is on it, the sum of their fractions and of the bytes their processes take, and whether that
     stays within safe_total of the GPU and within its memory (each process: its budget, its CUDA context and NCCL;
     the memory torch never sees counted once)."""
@@ -193,7 +194,6 @@ def shared_gpus(rows: list[dict[str, Any]], safe_total: float, invisible: int) -
         on = gpus[index]
         plans = [r["plan"] for r in on if r["plan"] is not None]
         fraction = round(sum(float(p["gpu_memory_utilization"]) for p in plans), 4)
-        total = max((int(p["per_gpu"]["total_bytes"]) for p in plans), default=0)
         used = sum(total - int(p["per_gpu"]["headroom_bytes"]) for p in plans) - invisible * max(len(plans) - 1, 0)
         fits = len(on) == 1 or (len(plans) == len(on) and fraction <= safe_total + 1e-9 and used <= total)
         out.append({"index": index, "instances": [r["name"] for r in on], "memory_fraction": fraction,
@@ -223,7 +223,7 @@ def _row(instance: Instance, group: tuple[int, ...] | None, topology: Topology, 
     return {"name": instance.name, "model": instance.model, "served_model_name": served, "port": instance.port,
             "gpu_count": instance.count, "gpus": gpus,
             "cuda_visible_devices": ",".join(map(str, gpus)) if cuda else "",
-            "placement": describe_group(topology, gpus) if cuda and gpus else "",
+            "placement": describe_group(topology, gpus) if cuda and gpus and topology.known else "",
             "gpu_memory_utilization": (plan or {}).get("gpu_memory_utilization"),
             "fits": bool(plan is not None and plan["fits"] and (uses_all(plan, instance.count) or not cuda)),
             "error": error or None, "plan": plan, "shares_gpus_with": [], "start_after": [], "min_gpus": None,
@@ -320,6 +320,15 @@ def refusal(rows: list[dict[str, Any]], checks: list[dict[str, Any]], fixes: lis
             + (" Fix: " + " ".join(fixes) if fixes else ""))
 
 
+def summary(rows: list[dict[str, Any]], waves: list[list[str]], gpu: str, total: int) -> str:
+    """The one line a split that fits prints: each instance, its GPUs, port, length and memory share; the order."""
+    parts = [f"{r['name']} ({r['served_model_name']}) on GPU(s) {r['cuda_visible_devices'] or 'cpu'}, port {r['port']}"
+             f", max-model-len {int(r['plan']['max_model_len']):,}, gpu-memory-utilization "
+             f"{r['plan']['gpu_memory_utilization']}" for r in rows if r["plan"]]
+    order = " -> ".join(" + ".join(w) for w in waves)
+    return f"The split fits {total} x {gpu}: {'; '.join(parts)}; start order: {order}."
+
+
 def _count_check(instances: list[Instance], total: int) -> dict[str, Any]:
     """The GPUs the instances ask for against the node's (GPUs named explicitly and shared count once)."""
     explicit = {g for i in instances if not isinstance(i.gpus, int) for g in i.gpus}
@@ -355,8 +364,8 @@ def instances_plan(args: Mapping[str, Any], planner: Planner) -> dict[str, Any]:
         rows.append(row)
     _neighbours(rows, cuda)
     safe_total = estimate(releases_data(args["releases"]), "max_auto_gpu_memory_utilization")
-    gpus = shared_gpus(rows, safe_total, invisible_bytes(args, node_gpu.entry, int(node_gpu.entry.get("memory_mib")
-                                                                                       or 0) * 2 ** 20)) if cuda else []
+    memory = int(node_gpu.entry.get("memory_mib") or 0) * MiB
+    gpus = shared_gpus(rows, safe_total, invisible_bytes(args, node_gpu.entry, memory), memory) if cuda else []
     for g in gpus:
         g["numa"] = topology.numa.get(g["index"])
     checks = [_count_check(instances, total)] if cuda else []
@@ -371,6 +380,8 @@ def instances_plan(args: Mapping[str, Any], planner: Planner) -> dict[str, Any]:
     fixes = advice(rows, total, safe_total, shared_ok) if not fits else []
     reasons = [f"{r['name']}: {r['model']} on GPU(s) {r['cuda_visible_devices'] or 'cpu'}"
                f"{' (' + r['placement'] + ')' if r['placement'] else ''}" for r in rows]
+    if cuda and not topology.known:
+        reasons.append(describe_group(topology, []))
     return {
         "fits": bool(fits), "gpu": node_gpu.key, "gpu_count": total, "device": "cuda" if cuda else "cpu",
         "vllm_version": (next((r["plan"] for r in rows if r["plan"]), None) or {}).get("vllm_version", ""),
@@ -378,6 +389,7 @@ def instances_plan(args: Mapping[str, Any], planner: Planner) -> dict[str, Any]:
         "instances": rows, "gpus": gpus, "start_order": start_order(rows), "checks": checks,
         "reasons": reasons, "advice": fixes,
         "message": "" if fits else refusal(rows, checks, fixes, node_gpu.key, total),
+        "summary": summary(rows, start_order(rows), node_gpu.key, total) if fits else "",
     }
 
 
