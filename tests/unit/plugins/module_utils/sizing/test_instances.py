@@ -57,7 +57,7 @@ def test_each_instance_is_the_single_plan_on_the_same_gpus(model: str, count: in
     row = plan["instances"][0]
     expected, error = single(model, count, 8000)
     if expected is None:
-        assert row["plan"] is None and row["error"] and row["error"] in error
+        assert row["plan"] is None and row["error"] == instances.short_reason(error)
         return
     assert without_service(row["plan"]) == without_service(expected)
     service, alone = row["plan"]["service"], expected["service"]
@@ -89,12 +89,21 @@ def test_the_storys_split_is_refused_with_each_instances_numbers_and_the_fix() -
     _, kimi_error = single("kimi-k2.5-nvfp4", 6, 8000)
     for needle in ["The instances do not fit 8 x rtx-pro-6000-blackwell",
                    "kimi (kimi-k2.5-nvfp4) on GPUs 0,1,2,3,4,5: DOES NOT FIT: GPU too small for the weights",
-                   kimi_error.split("GPU too small for the weights: ")[1].split(" (")[0],   # its weights per GPU
+                   instances.short_reason(kimi_error),
                    "it needs 8 GPU(s)", f"llama (llama-3.1-70b-instruct) on GPUs 6,7: fits: {weights}",
                    f"max-model-len {llama_alone['max_model_len']:,}",
                    "Fix: The smallest split needs 10 GPUs (kimi 8, llama 2) and the node has 8",
                    "serve llama on another node"]:
         assert needle in plan["message"]
+
+
+def test_a_refusal_is_shortened_to_its_numbers() -> None:
+    text = ("Cannot plan m on 6 x g (vLLM 0.33.0): GPU too small for the weights: 140.50 GiB of weights per GPU "
+            "(591.0 GB checkpoint / (TP 4 x PP 1) = 137.60 GiB, + 1 % margin) plus 5.51 GiB activation peak exceed "
+            "the 90.22 GiB vLLM may use (0.95 x 95.59 GiB). Use tensor_parallel_size >= 8 (needs 8 such GPUs)")
+    assert instances.short_reason(text) == ("GPU too small for the weights: 140.50 GiB of weights per GPU plus 5.51 "
+                                            "GiB activation peak exceed the 90.22 GiB vLLM may use (0.95 x 95.59 GiB)")
+    assert instances.short_reason("vllm_node_kv_cache_dtype is 'int3'") == "vllm_node_kv_cache_dtype is 'int3'"
 
 
 def test_a_split_that_fits_gets_disjoint_close_groups_ports_and_devices() -> None:
