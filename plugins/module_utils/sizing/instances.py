@@ -126,13 +126,30 @@ def instance_args(args: Mapping[str, Any], instance: Instance, gpus: Sequence[in
     return single
 
 
+def short_reason(text: str) -> str:
+    """A single plan's refusal as one clause of the split's: without its 'Cannot plan ... :' lead, the breakdown of
+    the weights in parentheses and the tensor-parallel hint (the split's fix says how many GPUs instead)."""
+    if text.startswith("Cannot plan ") and "): " in text:
+        text = text.split("): ", 1)[1]
+    text = text.split(". Use tensor_parallel_size", 1)[0]
+    mark = text.find("weights per GPU (")
+    if mark >= 0:
+        start = mark + len("weights per GPU ")
+        depth = 0
+        for end in range(start, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0:
+                text = text[:start - 1] + text[end + 1:]
+                break
+    return text
+
+
 def _plan_or_error(planner: Planner, args: Mapping[str, Any]) -> tuple[dict[str, Any] | None, str]:
-    """The single plan, or None and the refusal's reason (without its 'Cannot plan ... :' lead)."""
+    """The single plan, or None and the refusal's reason (short_reason)."""
     try:
         return planner(args), ""
     except SizingError as exc:
-        text = str(exc)
-        return None, text.split("): ", 1)[1] if text.startswith("Cannot plan ") and "): " in text else text
+        return None, short_reason(str(exc))
 
 
 def uses_all(plan: Mapping[str, Any], count: int) -> bool:
