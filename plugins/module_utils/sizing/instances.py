@@ -9,6 +9,7 @@ names each instance's need and what fits, before anything is downloaded.
 The document (vllm_node_plan when vllm_node_instances is set; without it the plan keeps its single-model shape):
 
     {"fits", "gpu", "gpu_count", "device", "vllm_version", "topology",
+     "unseen_bytes",                            # per GPU, what no process's torch sees (counted once per GPU)
      "instances": [{"name", "model", "served_model_name", "gpus", "cuda_visible_devices", "placement",
                     "shares_gpus_with", "start_after", "gpu_memory_utilization", "fits", "min_gpus", "need",
                     "error", "plan"}],          # plan: the single-model plan with its service block (None: refused)
@@ -382,7 +383,8 @@ def instances_plan(args: Mapping[str, Any], planner: Planner) -> dict[str, Any]:
     _neighbours(rows, cuda)
     safe_total = estimate(releases_data(args["releases"]), "max_auto_gpu_memory_utilization")
     memory = int(node_gpu.entry.get("memory_mib") or 0) * MiB
-    gpus = shared_gpus(rows, safe_total, invisible_bytes(args, node_gpu.entry, memory), memory) if cuda else []
+    unseen = invisible_bytes(args, node_gpu.entry, memory) if cuda else 0
+    gpus = shared_gpus(rows, safe_total, unseen, memory) if cuda else []
     for g in gpus:
         g["numa"] = topology.numa.get(g["index"])
     checks = [_count_check(instances, total)] if cuda else []
@@ -402,7 +404,7 @@ def instances_plan(args: Mapping[str, Any], planner: Planner) -> dict[str, Any]:
     return {
         "fits": bool(fits), "gpu": node_gpu.key, "gpu_count": total, "device": "cuda" if cuda else "cpu",
         "vllm_version": (next((r["plan"] for r in rows if r["plan"]), None) or {}).get("vllm_version", ""),
-        "topology": "nvidia-smi topo -m" if topology.known else "unknown",
+        "topology": "nvidia-smi topo -m" if topology.known else "unknown", "unseen_bytes": int(unseen),
         "instances": rows, "gpus": gpus, "start_order": start_order(rows), "checks": checks,
         "reasons": reasons, "advice": fixes,
         "message": "" if fits else refusal(rows, checks, fixes, node_gpu.key, total),

@@ -208,8 +208,9 @@ def split_plan(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_a_split_draws_every_gpus_stack_per_instance() -> None:
-    """Each GPU carries the planned stack of every instance on it: one on a GPU of its own, two on a shared one;
-    an instance the plan refused draws nothing, and the page names every instance."""
+    """Each GPU carries what every instance on it takes, one above the other (the memory torch never sees counted
+    once on a shared GPU), then what stays free: every bar is the GPU's memory. An instance the plan refused draws
+    nothing, and the page names every instance."""
     plan = split_plan([{"name": "a", "model": "gpt-oss-120b", "gpus": [6, 7], "gpu_memory_utilization": 0.45},
                        {"name": "b", "model": "gpt-oss-120b", "gpus": [6, 7], "gpu_memory_utilization": 0.45},
                        {"name": "c", "model": "llama-3.1-70b-instruct", "gpus": 4},
@@ -218,15 +219,21 @@ def test_a_split_draws_every_gpus_stack_per_instance() -> None:
     assert chart["gpus"] == [f"GPU {i}" for i in range(8)]
     by_instance: dict[str, list[int]] = {}
     for seg in chart["planned"]:
-        assert seg["label"].startswith(seg["instance"] + ": ")
+        assert seg["label"].startswith(seg["instance"] + ": ") or seg["key"] == "headroom"
         by_instance.setdefault(seg["instance"], [0] * 8)
         by_instance[seg["instance"]] = [x + y for x, y in zip(by_instance[seg["instance"]], seg["bytes"], strict=True)]
-    assert sorted(by_instance) == ["a", "b", "c"]           # k (Kimi on 2 GPUs) is refused: nothing drawn
-    single = memory_chart(plan["instances"][0]["plan"])
-    stack = sum(s["bytes"][0] for s in single["planned"])
-    assert by_instance["a"] == [0] * 6 + [stack] * 2 and by_instance["b"] == by_instance["a"]
+    assert sorted(by_instance) == ["", "a", "b", "c"]           # k (Kimi on 2 GPUs) is refused: nothing drawn
+    a_plan = plan["instances"][0]["plan"]["per_gpu"]
+    takes = a_plan["requested_bytes"] + a_plan["non_torch_bytes"]
+    assert by_instance["a"] == [0] * 6 + [takes] * 2
+    assert by_instance["b"] == [0] * 6 + [takes - plan["unseen_bytes"]] * 2
     assert [i for i, v in enumerate(by_instance["c"]) if v] == plan["instances"][2]["gpus"]
+    placed = {g for r in plan["instances"] if r["plan"] for g in r["gpus"]}
+    for gpu in range(8):   # every bar of a placed GPU is the GPU: what the instances take plus what stays free
+        stacked = sum(seg["bytes"][gpu] for seg in chart["planned"])
+        assert stacked == chart["total_bytes"] if gpu in placed else by_instance[""][gpu] == chart["total_bytes"]
     alone = memory_chart(plan["instances"][2]["plan"])["budget_bytes"]
+    single = memory_chart(plan["instances"][0]["plan"])
     assert chart["budget_bytes"] == max(2 * single["budget_bytes"], alone)   # a shared GPU holds two budgets
     html = plan_report_html(plan, TEMPLATE, CHART_JS)
     assert embedded(html, "chart-data") == json.loads(script_json(chart))
