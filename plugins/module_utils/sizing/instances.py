@@ -83,9 +83,9 @@ def _gpus(name: str, value: Any, total: int, alone: bool) -> int | tuple[int, ..
     return int(knob_count(f"{_KNOB}[{name}].gpus", value, auto=None, example="2"))
 
 
-def instances_from(value: Any, total: int, base_port: int) -> list[Instance]:
-    """vllm_node_instances checked: a non-empty list of mappings with unique names, a model, GPUs and only the
-    per-model knobs; SizingError naming the instance and the fix."""
+def instances_from(value: Any, total: int, base_port: int, cuda: bool = True) -> list[Instance]:
+    """vllm_node_instances checked: a non-empty list of mappings with unique names, a model, GPUs (on the cpu device
+    none: gpus left out, or 1) and only the per-model knobs; SizingError naming the instance and the fix."""
     if not isinstance(value, (list, tuple)) or not value or not all(isinstance(v, Mapping) for v in value):
         raise SizingError(f"{_KNOB} must be a list of instances, each a mapping with name, model and gpus; got "
                           f"{value!r}. Leave it [] to serve the one model of vllm_node_model.")
@@ -106,7 +106,11 @@ def instances_from(value: Any, total: int, base_port: int) -> list[Instance]:
         knobs = dict(INSTANCE_DEFAULTS, **{k: v for k, v in item.items() if k in INSTANCE_DEFAULTS})
         knobs["model"] = item["model"]
         port = knob_count(f"{_KNOB}[{name}].port", item.get("port", base_port + position), auto=None, example="8001")
-        out.append(Instance(name, _gpus(name, item.get("gpus"), total, len(value) == 1), int(port), knobs))
+        if not cuda and item.get("gpus") not in (None, 1, "1"):
+            raise SizingError(f"{_KNOB}[{name}].gpus is {item.get('gpus')!r} on the cpu device, which has no GPUs: "
+                              "leave gpus out (every instance runs on the host's CPUs).")
+        gpus = _gpus(name, item.get("gpus"), total, len(value) == 1 or not cuda)
+        out.append(Instance(name, gpus, int(port), knobs))
     ports = [i.port for i in out]
     if len(set(ports)) != len(ports):
         raise SizingError(f"{_KNOB}: two instances listen on the same port ({', '.join(map(str, ports))}): give each "
@@ -370,7 +374,7 @@ def instances_plan(args: Mapping[str, Any], planner: Planner) -> dict[str, Any]:
     cuda = str(node_gpu.entry.get("kind") or "cuda") == "cuda"
     total = node_gpu.count if cuda else 1
     base_port = int(knob_count("port", args.get("port", 8000), auto=None, example="8000"))
-    instances = instances_from(args.get("instances"), total, base_port)
+    instances = instances_from(args.get("instances"), total, base_port, cuda)
     topology = Topology.of(args.get("topology") if cuda else None, total)
     groups = place(topology, [i.gpus for i in instances]) if cuda else [() for _ in instances]
     rows = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_node_plan import MODELS, knobs
@@ -14,6 +15,7 @@ from test_node_plan import MODELS, knobs
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing import instances
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.units import GiB
+from repo_root import ROOT
 
 # Two sockets of 4 RTX PRO 6000, a PCIe switch per pair: what the simulated node's `nvidia-smi topo -m` answers
 # (tests/fixtures/gpu_node/gpus.json), as node_facts_gpu_topology.
@@ -201,3 +203,31 @@ def test_a_split_fits_exactly_when_every_instance_fits_its_own_gpus(models: list
     assert len(used) == len(set(used))   # disjoint
     if not plan["fits"]:
         assert all(f"{r['name']} ({r['model']})" in plan["message"] for r in rows)
+
+
+DEMO_MODELS = yaml.safe_load((ROOT / "inventories/demo/group_vars/vllm_nodes/test_models.yml").read_text(
+    encoding="utf-8"))["vllm_node_extra_models"]
+
+
+def cpu_knobs(**overrides: Any) -> dict[str, Any]:
+    """The demo node: vLLM's CPU build, 1 GiB of KV space, the tiny test models in the catalog."""
+    return knobs(**dict(dict(models=dict(MODELS, **DEMO_MODELS), gpu="cpu", vllm_variant="cpu", gpu_count="auto",
+                             cpu_kv_cache_space_gib=1, vllm_version="0.32.0", kv_cache_dtype="auto",
+                             gpu_memory_utilization="auto", max_model_len="auto"), **overrides))
+
+
+def test_the_cpu_device_runs_instances_one_after_another_without_gpu_groups() -> None:
+    """Two tiny models on the demo's CPU node: no GPU group and no CUDA_VISIBLE_DEVICES; they share the host's
+    memory, so the second starts after the first; each is the single CPU plan of its model."""
+    plan = sizing.node_plan(cpu_knobs(instances=[{"name": "llama", "model": "tiny-llama"},
+                                                 {"name": "mla", "model": "tiny-deepseek-v3", "gpus": 1}]))
+    assert plan["fits"] is True and plan["device"] == "cpu" and plan["gpus"] == []
+    llama, mla = plan["instances"]
+    assert llama["gpus"] == [] and llama["cuda_visible_devices"] == ""
+    assert "CUDA_VISIBLE_DEVICES" not in llama["plan"]["service"]["environment"]
+    assert plan["start_order"] == [["llama"], ["mla"]] and mla["start_after"] == ["llama"]
+    for row, port in ((llama, 8000), (mla, 8001)):
+        alone = sizing.node_plan(cpu_knobs(model=row["model"], port=str(port)))
+        assert row["plan"] == alone
+    with pytest.raises(sizing.SizingError, match=r"gpus is 2 on the cpu device, which has no GPUs: leave gpus out"):
+        sizing.node_plan(cpu_knobs(instances=[{"name": "llama", "model": "tiny-llama", "gpus": 2}]))
