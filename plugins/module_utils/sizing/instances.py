@@ -124,11 +124,23 @@ def instance_args(args: Mapping[str, Any], instance: Instance, gpus: Sequence[in
     CUDA_VISIBLE_DEVICES for its group."""
     single = {k: v for k, v in args.items() if k not in ("instances", "topology")}
     single.update(instance.knobs, gpu_count=count, port=instance.port, node_count=1)
+    single.update(_node_wide_extras(args, instance.knobs))
     if cuda and gpus is not None:
-        env = dict(instance.knobs.get("extra_environment") or {})
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        single["extra_environment"] = env
+        single["extra_environment"] = dict(single["extra_environment"], CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
     return single
+
+
+def _node_wide_extras(args: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:
+    """vllm_node_extra_args / extra_environment apply to every instance, the instance's own added after them (its
+    variables win); a value of the wrong type is passed on as it is, for node_plan to refuse by name."""
+    node_args, own_args = args.get("extra_args") or [], knobs.get("extra_args") or []
+    node_env, own_env = args.get("extra_environment") or {}, knobs.get("extra_environment") or {}
+    out: dict[str, Any] = {"extra_args": own_args, "extra_environment": own_env}
+    if isinstance(node_args, (list, tuple)) and isinstance(own_args, (list, tuple)):
+        out["extra_args"] = [*node_args, *own_args]
+    if isinstance(node_env, Mapping) and isinstance(own_env, Mapping):
+        out["extra_environment"] = {**node_env, **own_env}
+    return out
 
 
 def short_reason(text: str) -> str:

@@ -152,6 +152,17 @@ def test_an_overcommitted_share_is_refused_naming_the_fractions(util_a: Any, uti
         assert needle in plan["message"]
 
 
+def test_node_wide_extras_apply_to_every_instance_and_its_own_come_after() -> None:
+    plan = split(FITS[:1] + [dict(FITS[1], extra_args=["--enable-prefix-caching"],
+                                  extra_environment={"OMP_NUM_THREADS": "4"})],
+                 extra_args=["--disable-log-stats"], extra_environment={"OMP_NUM_THREADS": "1", "X": "y"})
+    llama, gptoss = (r["plan"]["service"] for r in plan["instances"])
+    assert "--disable-log-stats" in llama["argv"] and "--enable-prefix-caching" not in llama["argv"]
+    assert gptoss["argv"][-2:] == ["--disable-log-stats", "--enable-prefix-caching"]
+    assert llama["environment"]["OMP_NUM_THREADS"] == "1" and gptoss["environment"]["OMP_NUM_THREADS"] == "4"
+    assert gptoss["environment"]["X"] == "y"
+
+
 def test_more_gpus_asked_than_the_node_has() -> None:
     plan = split([{"name": "a", "model": "gpt-oss-120b", "gpus": 4}, {"name": "b", "model": "gpt-oss-120b", "gpus": 8}])
     assert plan["fits"] is False
