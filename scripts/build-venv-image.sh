@@ -5,8 +5,8 @@
 # runs systemd as PID 1 exactly as molecule runs the nodes, with the wheelhouse mounted at /opt/wheelhouse;
 # scripts/venv-image.yml applies roles/vllm_env to it through the docker connection for each lock's version; the
 # container is then cleaned (uv cache, the current/previous links, apt lists, machine-id), stopped and committed.
-# Keyed: sha256 over the locks, every file of roles/vllm_env, scripts/venv-image.yml and the base image's id, kept as
-# the image's label vllm-node.venv-image.key; when the tagged image carries the same key nothing is done (~1 s).
+# Keyed: sha256 over the locks, every file of roles/vllm_env, this script and its playbook (scripts/venv-image.yml)
+# and the base image's id, kept as the image's label vllm-node.venv-image.key; when the tagged image carries the same key nothing is done (~1 s).
 # Usage: scripts/build-venv-image.sh [--key]   (--key: print the key the image must carry, build nothing)
 #   env: VENV_IMAGE, VENV_IMAGE_BASE, WHEELHOUSE, DOCKER, VENV_IMAGE_LOCK (the file that serialises builds)
 set -euo pipefail
@@ -33,7 +33,8 @@ for lock in "${locks[@]}"; do
   v=${lock##*/vllm-}; versions+=("${v%-cpu.txt}")
 done
 key=$({ echo "base $base_id"
-        find roles/vllm_env scripts/venv-image.yml -type f -print0 | sort -z | xargs -0 sha256sum; } |
+        find roles/vllm_env scripts/venv-image.yml scripts/build-venv-image.sh -type f -print0 | sort -z |
+          xargs -0 sha256sum; } |
       sha256sum | cut -d' ' -f1)
 if [ "${1:-}" = --key ]; then
   echo "$key"; exit 0

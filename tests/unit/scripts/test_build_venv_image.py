@@ -1,5 +1,5 @@
-"""scripts/build-venv-image.sh: the image's key follows the locks, the vllm_env role, the build playbook and the base
-image; an image carrying the current key is left alone, any other starts a build container run as molecule runs the
+"""scripts/build-venv-image.sh: the image's key follows the locks, the vllm_env role, the script, its playbook and the
+base image; an image carrying the current key is left alone, any other starts a build container run as molecule runs the
 nodes (systemd, the wheelhouse mounted, not privileged). Docker is replaced by a recorder, so nothing is built. Also:
 the scenarios on the venv image are the ones `make molecule` builds it for, and the install's own scenarios are not
 among them."""
@@ -66,7 +66,7 @@ def copy_tree(tmp_path: Path) -> Path:
     return root
 
 
-def test_the_key_follows_the_locks_the_role_the_playbook_and_the_base_image(tmp_path: Path) -> None:
+def test_the_key_follows_the_locks_the_role_the_script_its_playbook_and_the_base_image(tmp_path: Path) -> None:
     root = copy_tree(tmp_path)
     first = key(root, tmp_path)
     assert key(root, tmp_path) == first == key(ROOT, tmp_path)
@@ -77,8 +77,12 @@ def test_the_key_follows_the_locks_the_role_the_playbook_and_the_base_image(tmp_
     assert after_lock != first
     (root / "roles/vllm_env/tasks/build.yml").write_text((root / "roles/vllm_env/tasks/build.yml").read_text() + "\n")
     assert key(root, tmp_path) not in (first, after_lock)
+    after_role = key(root, tmp_path)
     (root / "scripts/venv-image.yml").write_text((root / "scripts/venv-image.yml").read_text() + "\n")
-    assert len({first, after_lock, key(root, tmp_path)}) == 3
+    after_playbook = key(root, tmp_path)
+    script = root / "scripts/build-venv-image.sh"
+    script.write_text(script.read_text() + "\n")
+    assert len({first, after_lock, after_role, after_playbook, key(root, tmp_path)}) == 5
 
 
 def test_an_image_with_the_current_key_is_left_alone(tmp_path: Path) -> None:
