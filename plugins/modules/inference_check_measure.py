@@ -127,7 +127,7 @@ plan_vs_actual:
 unit:
   description:
     - C(main_pid), C(restarts), C(invocation_id), C(started_at), C(healthy_at), C(seconds_to_healthy).
-    - C(phases) splits the start into its parts from vLLM's own log (module_utils/startup_phases.py):
+    - C(phases) splits the start into its parts from vLLM's own log (module_utils/startup_phases.py),
       C(parts) (each C(name), C(seconds) from the journal's timestamps, C(vllm_seconds) where vLLM logs its own
       figure, C(status) ran / not run / unknown), C(total_seconds), C(accounted_seconds), C(compile_cache)
       (hit, miss, load failed), C(figures), C(summary).
