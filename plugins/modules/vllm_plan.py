@@ -168,6 +168,28 @@ options:
     description: vLLM's --shutdown-timeout in seconds (0 leaves the flag out).
     type: raw
     default: 0
+  load_format:
+    description:
+      - vLLM's weight loader (--load-format; auto adds no flag), one of O(loaders)' formats. A loader whose package
+        a lock of the release in O(locks) does not pin is refused, naming the fix.
+    type: str
+    default: auto
+  load_disk:
+    description: The storage the weights are read from (auto = unknown), one of O(loaders)' disks.
+    type: str
+    default: auto
+  loaders:
+    description:
+      - The loader catalog (vllm_node_loaders, roles/vllm_node/vars/main/loaders.yml). With it the plan has
+        C(loader) (the loader, its predicted load time and the timeouts it sets, a table over every loader and
+        disk) and C(compile_cache) (the key of the compile-cache directory); without it neither.
+    type: dict
+  locks:
+    description: The lock catalog (vllm_node_vllm_locks); its pins decide the loaders available and enter the key.
+    type: dict
+  driver:
+    description: The node's NVIDIA driver version (or "branch N" before it reports one); enters the cache key.
+    type: str
 attributes:
   action:
     support: full
@@ -207,6 +229,7 @@ plan:
   description:
     - The plan (vllm_memory_plan's schema) plus config_source (catalog or node), revision, checkpoint_bytes and
       service (vllm_service_command's schema).
+    - With O(loaders), also loader and compile_cache (plugins/module_utils/sizing/warmstart.py).
   returned: success
   type: dict
   sample: {fits: true, max_model_len: 131072, tensor_parallel_size: 8, service: {argv: [--model, /srv/vllm/models/x]}}
