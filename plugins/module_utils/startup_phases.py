@@ -83,10 +83,11 @@ PARTS: tuple[tuple[str, tuple[str, ...], str | None, str | None], ...] = (
 )
 
 
-def journal_entries(json_lines: Iterable[str]) -> list[Entry]:
+def journal_entries(json_lines: Iterable[str], exclude_invocation: str | None = None) -> list[Entry]:
     """(time, message) of each `journalctl -o json` line: __REALTIME_TIMESTAMP (microseconds) as unix seconds.
 
-    A message journald stored as bytes comes as a list of ints; a line that is not a JSON object is skipped.
+    A message journald stored as bytes comes as a list of ints; a line that is not a JSON object is skipped, and so
+    is a line of the invocation `exclude_invocation` (a restarted unit's replaced process, as vllm_log does).
     """
     entries: list[Entry] = []
     for line in json_lines:
@@ -95,6 +96,9 @@ def journal_entries(json_lines: Iterable[str]) -> list[Entry]:
         except ValueError:
             continue
         if not isinstance(entry, dict):
+            continue
+        if exclude_invocation and exclude_invocation in (entry.get("_SYSTEMD_INVOCATION_ID"),
+                                                         entry.get("INVOCATION_ID")):
             continue
         message = entry.get("MESSAGE")
         if isinstance(message, list):

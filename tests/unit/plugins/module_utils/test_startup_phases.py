@@ -123,6 +123,14 @@ def test_journal_entries_reads_times_and_byte_messages() -> None:
     assert sp.journal_entries(lines) == [(1700000000.5, "INFO ok"), (1700000001.0, "bytes")]
 
 
+def test_journal_entries_leave_out_the_replaced_invocation() -> None:
+    lines = [json.dumps({"__REALTIME_TIMESTAMP": "1000000", "_SYSTEMD_INVOCATION_ID": "old", "MESSAGE": "dying"}),
+             json.dumps({"__REALTIME_TIMESTAMP": "2000000", "INVOCATION_ID": "old", "MESSAGE": "Stopped vllm"}),
+             json.dumps({"__REALTIME_TIMESTAMP": "3000000", "_SYSTEMD_INVOCATION_ID": "new", "MESSAGE": "starting"})]
+    assert sp.journal_entries(lines, "old") == [(3.0, "starting")]
+    assert len(sp.journal_entries(lines)) == 3
+
+
 def test_data_files_are_whole_starts() -> None:
     for name in ("cpu-0.32.0-cold.jsonl", "cpu-0.32.0-warm.jsonl"):
         messages = [m for _t, m in journal(name)]
