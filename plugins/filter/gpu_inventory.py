@@ -1,5 +1,5 @@
-"""Ansible filters over plugins/module_utils/gpu_inventory.py and nvidia_driver_state.py: tool output in, one GPU
-record schema out. Documented per filter in plugins/filter/<name>.yml
+"""Ansible filters over plugins/module_utils/gpu_inventory.py, gpu_topology.py and nvidia_driver_state.py: tool
+output in, one GPU record schema out. Documented per filter in plugins/filter/<name>.yml
 (ansible-doc -t filter vllm_node.vllm_node.<name>).
 
 Bad input raises AnsibleFilterError with the parser's message (what was expected).
@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_inventory, nvidia_driver_state
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import (
+    gpu_inventory,
+    gpu_topology,
+    nvidia_driver_state,
+)
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.filter_errors import reports_bad_input
 
 
@@ -59,10 +63,15 @@ def nvidia_driver_installed_state(packages: Any, wanted: Any, kmod_package: str,
                                             str(kernel_modules))
 
 
+def nvidia_smi_topology(text: str) -> dict[str, Any]:
+    """`nvidia-smi topo -m` -> {gpus: [{index, numa, cpu_affinity}], links: GPU x GPU matrix}; {} when none."""
+    return gpu_topology.parse_topology(text)
+
+
 class FilterModule:
     """Ansible entry point."""
 
     def filters(self) -> dict[str, Callable[..., Any]]:
         return {func.__name__: reports_bad_input(func) for func in (
-            nvidia_smi_gpus, lspci_devices, lspci_gpus, gpu_catalog_match, gpu_architecture,
+            nvidia_smi_gpus, nvidia_smi_topology, lspci_devices, lspci_gpus, gpu_catalog_match, gpu_architecture,
             nvidia_proc_version, deb_upstream_version, nvidia_driver_installed_state)}

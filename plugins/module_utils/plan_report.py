@@ -95,6 +95,44 @@ def memory_chart(plan: dict[str, Any], check: dict[str, Any] | None = None) -> d
     }
 
 
+def instances_chart(plan: dict[str, Any]) -> dict[str, Any]:
+    """The per-GPU chart of a split (vllm_node_instances): on every GPU of the node, what each instance on it takes
+    (its budget's segments and its CUDA context + NCCL; the memory torch never sees counted with the first instance
+    only), one instance above the other, then what stays free of the GPU (its total less the plan's used_bytes). An
+    instance the plan refused draws nothing. The same shape as memory_chart, each segment naming its instance."""
+    gpus = plan.get("gpu_count")
+    if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1 or not isinstance(plan.get("instances"), list):
+        raise ValueError("plan must be a split's plan JSON (gpu_count and instances), got "
+                         f"{sorted(plan) if isinstance(plan, dict) else type(plan).__name__}")
+    unseen = _bytes(plan.get("unseen_bytes", 0), "unseen_bytes")
+    planned, budget, seen_before = [], [0] * gpus, [False] * gpus
+    for row in plan["instances"]:
+        single = row.get("plan")
+        if not single:
+            continue
+        chart = memory_chart(dict(single, fits=True))
+        on = [i for i in row.get("gpus") or [] if 0 <= i < gpus]
+        for i in on:
+            budget[i] += chart["budget_bytes"]
+        for segment in chart["planned"]:
+            if segment["key"] in ("headroom", "kv_over_budget"):
+                continue
+            value = segment["bytes"][0]
+            values = [(value - unseen if segment["key"] == "non_torch" and seen_before[i] else value) if i in on else 0
+                      for i in range(gpus)]
+            planned.append({"key": segment["key"], "label": f"{row['name']}: {segment['label']}",
+                            "instance": row["name"], "bytes": values})
+        for i in on:
+            seen_before[i] = True
+    rows = {int(g["index"]): g for g in plan.get("gpus") or []}
+    total = max((_bytes(g.get("total_bytes", 0), "gpus[].total_bytes") for g in rows.values()), default=0)
+    free = [max(0, total - _bytes(rows[i]["used_bytes"], "gpus[].used_bytes")) if i in rows else total
+            for i in range(gpus)]
+    planned.append({"key": "headroom", "label": "Free (outside every instance)", "instance": "", "bytes": free})
+    return {"gpus": [f"GPU {i}" for i in range(gpus)], "fits": bool(plan.get("fits")), "budget_bytes": max(budget),
+            "total_bytes": total, "kv_needed_bytes": 0, "planned": planned, "reported": []}
+
+
 def script_json(value: Any) -> str:
     """JSON safe to embed in an HTML <script> element: '<', '>' and '&' escaped, so no string closes the element."""
     text = json.dumps(value, sort_keys=True)
@@ -117,7 +155,7 @@ def plan_report_html(plan: dict[str, Any], template: str, chart_js: str, check: 
     summary when given, and `chart_js` inline, so it needs no network.
     """
     summary = {key: check.get(key) for key in ("host", "time", "url", "plan")} if check else None
-    chart = memory_chart(plan, check)
+    chart = instances_chart(plan) if "instances" in plan else memory_chart(plan, check)
     return _render(
         template, chart_js, managed,
         plan=plan,

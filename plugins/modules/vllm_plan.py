@@ -168,6 +168,19 @@ options:
     description: vLLM's --shutdown-timeout in seconds (0 leaves the flag out).
     type: raw
     default: 0
+  instances:
+    description:
+      - Several models on one node (vllm_node_instances); empty = one, from the options above. Each is a mapping
+        with name, model, gpus (a count or a list of indices) and the per-model options above (served_model_name,
+        max_model_len, kv_cache_dtype, gpu_memory_utilization, speculative_config, tensor_parallel_size, port, ...).
+      - Each instance is planned as a single-model node on its own GPUs; RV(plan) is then the split (see RETURN).
+    type: list
+    elements: dict
+  topology:
+    description: >-
+      The node's GPU topology (node_facts_gpu_topology: nvidia-smi topo -m parsed) the instances' GPU groups are
+      chosen from; empty = unknown, groups in index order.
+    type: dict
   load_format:
     description:
       - vLLM's weight loader (--load-format; auto adds no flag), one of O(loaders)' formats. A loader whose package
@@ -229,6 +242,11 @@ plan:
   description:
     - The plan (vllm_memory_plan's schema) plus config_source (catalog or node), revision, checkpoint_bytes and
       service (vllm_service_command's schema).
+    - With O(instances), the split instead (plugins/module_utils/sizing/instances.py) - fits, gpu, gpu_count,
+      instances (name, model, served_model_name, port, gpus, cuda_visible_devices, placement, shares_gpus_with,
+      start_after, gpu_memory_utilization, fits, min_gpus, need, error and plan, the single-model plan above), gpus
+      (per GPU - the instances on it, their memory fraction and bytes), start_order, checks, reasons, advice and
+      message (the refusal, empty when it fits) and summary (the line a split that fits prints).
     - With O(loaders), also loader and compile_cache (plugins/module_utils/sizing/warmstart.py).
   returned: success
   type: dict

@@ -12,6 +12,7 @@ under the same rootdir, so a scenario's tests import it as the integration tests
 - `harness.api`: a request sent from a node with curl, an HTTPS request or stream through the gateway, one chat
   completion checked;
 - `harness.clients`: a bounded client loop and its accounting;
+- `harness.backends`: stand-in vLLM servers on loopback that answer with their name (the gateway's routing tests);
 - `harness.node`: small readers of a converged node (its API key, its listening sockets);
 - `harness.venv`: checks of a vllm_env venv on a node.
 

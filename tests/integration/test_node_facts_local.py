@@ -25,6 +25,7 @@ PLAYBOOK = """
   tasks:
     - ansible.builtin.copy:
         content: "{{ {'gpus': node_facts_gpus, 'source': node_facts_gpu_source, 'driver': node_facts_driver_version,
+                      'topology': node_facts_gpu_topology,
                       'disk_path': node_facts_disk_path, 'disk_free': node_facts_disk_free_bytes,
                       'cpus': node_facts_cpu_count, 'memory': node_facts_memory_total_mib} | to_json }}"
         dest: "{{ out }}"
@@ -68,6 +69,9 @@ def test_nvidia_smi_with_unavailable_values_and_a_pci_domain(tmp_path: Path) -> 
     assert facts["disk_path"] == str(tmp_path)
     assert isinstance(facts["disk_free"], int) and facts["disk_free"] > 0
     assert facts["cpus"] >= 1 and facts["memory"] > 0
+    # `nvidia-smi topo -m` of the two GPUs: one PCIe switch, NUMA node 0
+    assert facts["topology"] == {"gpus": [{"index": i, "numa": 0, "cpu_affinity": "0-31,64-95"} for i in (0, 1)],
+                                 "links": [["X", "PIX"], ["PIX", "X"]]}
 
 
 def test_lspci_fallback_filters_vendor_and_class(tmp_path: Path) -> None:
@@ -88,6 +92,7 @@ def test_lspci_fallback_filters_vendor_and_class(tmp_path: Path) -> None:
     assert [g["pci_bus_id"] for g in facts["gpus"]] == ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]
     assert facts["gpus"][0]["name"] == "NVIDIA Corporation GB202GL [RTX PRO 6000 Blackwell Server Edition]"
     assert {g["pci_device_id"] for g in facts["gpus"]} == {"10de:2bb5"}
+    assert facts["topology"] == {}   # no driver: nvidia-smi is not asked for the topology
 
 
 @pytest.mark.parametrize(

@@ -120,7 +120,7 @@ def test_promtool_accepts_the_config_and_the_rules(rendered) -> None:
     assert config.returncode == 0, config.stdout + config.stderr
     rules = subprocess.run([str(promtool), "check", "rules", str(out / "rules" / "vllm-node.rules.yml")],
                            capture_output=True, text=True, timeout=60, check=False)
-    assert rules.returncode == 0 and "SUCCESS: 8 rules found" in rules.stdout, rules.stdout + rules.stderr
+    assert rules.returncode == 0 and "SUCCESS: 9 rules found" in rules.stdout, rules.stdout + rules.stderr
 
 
 def test_promtool_unit_tests_pass_on_the_rendered_rules(rendered, tmp_path: Path) -> None:
@@ -141,7 +141,8 @@ def test_promtool_unit_tests_pass_on_the_rendered_rules(rendered, tmp_path: Path
     ("(vllm:num_requests_waiting) > 4\n", "(vllm:num_requests_waiting) > 20\n", "VllmWaitingQueueGrowing"),
     ("DCGM_FI_DEV_GPU_TEMP > 85\n", "DCGM_FI_DEV_GPU_TEMP > 95\n", "GpuTemperatureHigh"),
     ("[1h]) > 0\n", "[1h]) > 5\n", "GpuUncorrectableRowsRemapped"),
-], ids=["kv-cache", "waiting", "temperature", "remapped-rows"])
+    ("< 0.1\n", "< 0.01\n", "VllmPrefixCacheHitRateCollapsed"),
+], ids=["kv-cache", "waiting", "temperature", "remapped-rows", "prefix-cache"])
 def test_promtool_unit_tests_fail_when_a_threshold_moves(rendered, tmp_path: Path, rendered_text: str,
                                                           mutated_text: str, alert: str) -> None:
     """The same tests against the rendered rules with one threshold moved: that alert's cases fail."""

@@ -77,7 +77,8 @@ def refusal(output: str) -> list[str]:
     return lines[banner:]
 
 
-def assert_one_message(rc: int, out: str, seconds: float, needles: list[str]) -> list[str]:
+def assert_one_message(rc: int, out: str, seconds: float, needles: list[str],
+                       limit: int = REFUSAL_LINES) -> list[str]:
     assert rc != 0, out[-3000:]
     assert seconds < REFUSAL_BUDGET_S
     for noise in NOISE:
@@ -86,7 +87,7 @@ def assert_one_message(rc: int, out: str, seconds: float, needles: list[str]) ->
     text = re.sub(r"\s+", " ", "\n".join(lines))
     for needle in needles:
         assert needle in text, f"{needle!r} not in the refusal:\n" + "\n".join(lines)
-    assert len(lines) <= REFUSAL_LINES, f"{len(lines)} lines:\n" + "\n".join(lines)
+    assert len(lines) <= limit, f"{len(lines)} lines:\n" + "\n".join(lines)
     return lines
 
 

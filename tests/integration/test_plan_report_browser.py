@@ -161,3 +161,30 @@ def test_the_check_page_draws_the_benchmark_latencies_of_its_json(tmp_path: Path
     assert rendered == {(level, key): figs[key] for level, figs in written.items()
                         for key in ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p99", "itl_ms_p50",
                                     "itl_ms_p99")}
+
+
+def test_a_split_page_draws_every_gpus_stack_per_instance(tmp_path: Path) -> None:
+    """Several models on one node: the page of a split that fits (a 70B on 2, gpt-oss-120b on 4, Qwen3-Next on 2)
+    draws, on every GPU, the stack of the instance that runs there, segment by segment as its own plan says, and
+    what stays free up to the GPU's memory."""
+    items = [{"name": "llama", "model": "llama-3.1-70b-instruct", "gpus": 2},
+             {"name": "gptoss", "model": "gpt-oss-120b", "gpus": 4},
+             {"name": "qwen-next", "model": "qwen3-next-80b-a3b-instruct", "gpus": 2}]
+    run = plan(tmp_path, "-e", "vllm_node_gpu=rtx-pro-6000-blackwell", "-e", "vllm_node_gpu_count=8",
+               "-e", json.dumps({"vllm_node_instances": items}))
+    assert run.rc == 0 and run.plan is not None, run.out
+    proc = chromium(tmp_path / "profile", "--dump-dom", (tmp_path / "plan.html").as_uri())
+    assert proc.returncode == 0, proc.stderr
+    dom = Dom()
+    dom.feed(proc.stdout)
+    assert dom.body.get("data-rendered") == "true", "the page's script did not finish:\n" + proc.stderr[-2000:]
+    assert int(dom.body["data-chart-ink-pixels"] or 0) > 10_000, "Chart.js drew (almost) nothing on the canvas"
+    fields = {"weights": "weights_bytes", "activation_peak": "activation_peak_bytes", "cudagraph": "cudagraph_bytes",
+              "kv_cache": "kv_cache_bytes", "non_torch": "non_torch_bytes"}
+    expected = {(gpu, row["name"], key): row["plan"]["per_gpu"][field] if gpu in row["gpus"] else 0
+                for row in run.plan["instances"] for gpu in range(8) for key, field in fields.items()}
+    rendered = {(int(r["data-gpu"] or -1), r["data-instance"], r["data-segment"]): int(r["data-bytes"] or -1)
+                for r in dom.rows if r.get("data-stack") == "planned" and r["data-segment"] in fields}
+    assert rendered == expected
+    free = {int(r["data-gpu"] or -1): int(r["data-bytes"] or -1) for r in dom.rows if r["data-segment"] == "headroom"}
+    assert free == {g["index"]: g["total_bytes"] - g["used_bytes"] for g in run.plan["gpus"]}

@@ -15,6 +15,8 @@ order a plan uses them:
     context, advice, plan          the resolved Sizing; prose and fixes; plan(); node_plan() (the knobs -> the
                                    plan with its service block, the vllm_plan action's one call)
     argv                           the ONLY place that renders vLLM flags and environment
+    placement, instances           several models on one node: GPU groups from the topology; the split's plan
+                                   (each instance node_plan'd on its own GPUs), its checks and one refusal
 
 The filters (plugins/filter/sizing.py) are thin wrappers; their documentation (plugins/filter/<name>.yml)
 describes every argument and the plan schema.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from . import instances as split
 from . import lora, speculative, warmstart
 from .advice import checks, fit_options, headroom_advice, length_message, reasons
 from .argv import ServiceInputs, planned_args, planned_environment, service_command
@@ -218,7 +219,7 @@ _NODE_PLAN_ARGS = (
     "tensor_parallel_size", "pipeline_parallel_size", "node_count", "pp_layer_partition", "load_mib_per_second",
     "decode_context_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len", "enforce_eager",
     "enable_lora", "max_loras", "max_lora_rank", "cpu_amx", "model_root", "model_dir", "listen_address", "port",
-    "extra_args", "extra_environment", "start_timeout", "shutdown_timeout",
+    "extra_args", "extra_environment", "start_timeout", "shutdown_timeout", "instances", "topology",
     # warm starts (sizing/warmstart.py): the loader knobs, its catalog, the lock catalog, the node's driver
     "load_format", "load_disk", "loaders", "locks", "driver",
 )
@@ -303,8 +304,13 @@ def node_plan(args: Mapping[str, Any]) -> dict[str, Any]:
     maths cannot make (a tensor-parallel size that does not split the heads, ...) is a SizingError that starts
     with "Cannot plan <model> on <count> x <gpu> (vLLM <version>):". A plan that does not fit is returned with
     fits false: the preflight writes it and then refuses it.
+
+    With instances (vllm_node_instances, several models on one node) the plan is the split's (instances.py), each
+    instance planned by this function on its own GPUs; without them it is the single-model plan, unchanged.
     """
     refuse_unknown_keywords(args, _NODE_PLAN_ARGS)
+    if args.get("instances"):
+        return split.instances_plan(args, node_plan)
     if not isinstance(args.get("releases"), Mapping) or not args["releases"]:
         raise SizingError("releases is required: pass releases=vllm_node_vllm_releases")
     knobs = _knobs(args)

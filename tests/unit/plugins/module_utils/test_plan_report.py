@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import pytest
+import yaml
 
 import sizing_groundtruth as gt
 from ansible_collections.vllm_node.vllm_node.plugins.filter.check_report_html import (
@@ -21,6 +22,7 @@ from ansible_collections.vllm_node.vllm_node.plugins.filter.plan_report import p
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.plan_report import (
     check_report_html,
+    instances_chart,
     latency_chart,
     memory_chart,
     plan_report_html,
@@ -194,3 +196,45 @@ def test_a_report_without_a_benchmark_has_no_latency_page() -> None:
         check_report_html({"host": "n", "benchmark": {"skipped": "check mode"}}, CHECK_TEMPLATE, CHART_JS)
     with pytest.raises(Exception, match="check_report_html: benchmark.levels.single.ttft_ms_p50 must be a number"):
         check_report_filter({"benchmark": {"levels": {"single": {"ttft_ms_p50": "fast"}}}}, CHECK_TEMPLATE, CHART_JS)
+
+
+def split_plan(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """vllm_node_plan of several instances on the story's 8 x RTX PRO 6000 (catalogs from the vllm_node role)."""
+    catalogs = ROOT / "roles/vllm_node/vars/main"
+    return vm.node_plan({
+        "model": "", "releases": gt.load_releases(), "gpu": "rtx-pro-6000-blackwell", "gpu_count": 8,
+        "models": yaml.safe_load((catalogs / "models.yml").read_text())["vllm_node_catalog_models"],
+        "gpus": yaml.safe_load((catalogs / "gpus.yml").read_text())["vllm_node_catalog_gpus"], "instances": items})
+
+
+def test_a_split_draws_every_gpus_stack_per_instance() -> None:
+    """Each GPU carries what every instance on it takes, one above the other (the memory torch never sees counted
+    once on a shared GPU), then what stays free: every bar is the GPU's memory. An instance the plan refused draws
+    nothing, and the page names every instance."""
+    plan = split_plan([{"name": "a", "model": "gpt-oss-120b", "gpus": [6, 7], "gpu_memory_utilization": 0.45},
+                       {"name": "b", "model": "gpt-oss-120b", "gpus": [6, 7], "gpu_memory_utilization": 0.45},
+                       {"name": "c", "model": "llama-3.1-70b-instruct", "gpus": 4},
+                       {"name": "k", "model": "kimi-k2.5-nvfp4", "gpus": 2}])
+    chart = instances_chart(plan)
+    assert chart["gpus"] == [f"GPU {i}" for i in range(8)]
+    by_instance: dict[str, list[int]] = {}
+    for seg in chart["planned"]:
+        assert seg["label"].startswith(seg["instance"] + ": ") or seg["key"] == "headroom"
+        by_instance.setdefault(seg["instance"], [0] * 8)
+        by_instance[seg["instance"]] = [x + y for x, y in zip(by_instance[seg["instance"]], seg["bytes"], strict=True)]
+    assert sorted(by_instance) == ["", "a", "b", "c"]           # k (Kimi on 2 GPUs) is refused: nothing drawn
+    a_plan = plan["instances"][0]["plan"]["per_gpu"]
+    takes = a_plan["requested_bytes"] + a_plan["non_torch_bytes"]
+    assert by_instance["a"] == [0] * 6 + [takes] * 2
+    assert by_instance["b"] == [0] * 6 + [takes - plan["unseen_bytes"]] * 2
+    assert [i for i, v in enumerate(by_instance["c"]) if v] == plan["instances"][2]["gpus"]
+    placed = {g for r in plan["instances"] if r["plan"] for g in r["gpus"]}
+    for gpu in range(8):   # every bar of a placed GPU is the GPU: what the instances take plus what stays free
+        stacked = sum(seg["bytes"][gpu] for seg in chart["planned"])
+        assert stacked == chart["total_bytes"] if gpu in placed else by_instance[""][gpu] == chart["total_bytes"]
+    alone = memory_chart(plan["instances"][2]["plan"])["budget_bytes"]
+    single = memory_chart(plan["instances"][0]["plan"])
+    assert chart["budget_bytes"] == max(2 * single["budget_bytes"], alone)   # a shared GPU holds two budgets
+    html = plan_report_html(plan, TEMPLATE, CHART_JS)
+    assert embedded(html, "chart-data") == json.loads(script_json(chart))
+    assert all(f'data-instance="{n}"' in html for n in "abck") and "DOES NOT FIT" in html

@@ -1,0 +1,236 @@
+"""The gateway's routing and admission (issue 31), with the real HAProxy of the nodes' distribution (Debian's 2.6,
+scripts/ensure-test-tools.sh) running the configuration the gateway role renders, in front of two stand-in vLLM
+servers on loopback (harness.backends): a conversation's requests stay on one replica (consistent hash of the
+X-Session-Id header, else the body's `user` field) with bounded load; a request without a key goes to the least
+busy one; a drained replica's keys move to the other and come back; a full queue answers 429 with Retry-After,
+never a 5xx, and so does a request that waited out the queue timeout.
+
+The prefix-cache hit rate that affinity buys is measured with real vLLM in the fleet scenario, not here."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import http.client
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_plan_playbook import ROOT
+
+from harness import playbook
+from harness.backends import NamedBackend, free_port
+
+KEY = "routing-test-key"
+PLAY = """
+- hosts: localhost
+  gather_facts: false
+  connection: local
+  tasks:
+    - ansible.builtin.include_vars: {file: %(root)s/roles/gateway/defaults/main.yml}
+    - ansible.builtin.include_vars: {file: %(root)s/roles/gateway/vars/main.yml}
+    - ansible.builtin.template:
+        src: %(root)s/roles/gateway/templates/etc/haproxy/haproxy.cfg.j2
+        dest: %(out)s
+        mode: "0600"
+"""
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
+pytestmark = pytest.mark.skipif(
+    not Path(HAPROXY).exists() and os.environ.get("CI") != "true",
+    reason="no haproxy (scripts/ensure-test-tools.sh installs Debian's as root); under CI=true this fails instead")
+
+
+class Gateway:
+    """A running HAProxy with the role's configuration: its port, runtime socket and TLS trust."""
+
+    def __init__(self, port: int, socket_path: Path, cafile: Path, process: subprocess.Popen[bytes]) -> None:
+        self.port, self.socket_path, self.process = port, socket_path, process
+        self.context = ssl.create_default_context(cafile=str(cafile))
+
+    def post(self, body: dict[str, Any], session: str | None = None) -> tuple[int, str | None, str | None]:
+        """One chat request: (status, the server that answered or None, Retry-After or None)."""
+        headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+        if session:
+            headers["X-Session-Id"] = session
+        conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context, timeout=30)
+        try:
+            conn.request("POST", "/v1/chat/completions", json.dumps({"model": "m", **body}), headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            server = json.loads(data).get("server") if resp.status == 200 else None
+            return resp.status, server, resp.getheader("Retry-After")
+        finally:
+            conn.close()
+
+    def runtime(self, command: str) -> str:
+        """A command to HAProxy's runtime API (what the rollout's drain and enable send)."""
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(str(self.socket_path))
+            sock.sendall(command.encode() + b"\n")
+            out = b""
+            while chunk := sock.recv(65536):
+                out += chunk
+        return out.decode()
+
+    def status(self, backend: str, server: str) -> str:
+        """A server's status in `show stat` (UP, DRAIN, DOWN, MAINT ...)."""
+        for line in self.runtime("show stat").splitlines():
+            fields = line.split(",")
+            if fields[:2] == [backend, server]:
+                return fields[17]
+        raise AssertionError(f"{backend}/{server} not in show stat")
+
+
+def render_config(tmp_path: Path, extra: dict[str, Any]) -> Path:
+    """The gateway role's haproxy.cfg for these settings, rendered by the real template."""
+    out = tmp_path / "haproxy.cfg"
+    play = tmp_path / "render.yml"
+    play.write_text(PLAY % {"root": ROOT, "out": out})
+    run = playbook.run(play, inventory="localhost,", extra_vars=extra, timeout=120)
+    assert run.rc == 0, run.output
+    return out
+
+
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1: (chain + key PEM for HAProxy, the certificate clients trust)."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    pem = tmp_path / "gateway.pem"
+    pem.write_text(cert.read_text() + key.read_text())
+    return pem, cert
+
+
+@contextlib.contextmanager
+def start_gateway(tmp_path: Path, backends: list[NamedBackend], **settings: Any) -> Iterator[Gateway]:
+    """Render, check (haproxy -c, as the role's validate does) and run HAProxy until the test ends."""
+    pem, cert = certificate(tmp_path)
+    keys = tmp_path / "keys"
+    keys.write_text(KEY + "\n")
+    port, sock = free_port(), tmp_path / "gateway.sock"
+    extra = {"gateway_listen_address": "127.0.0.1", "gateway_port": port,
+             "gateway_backends": [{"name": b.name, "address": "127.0.0.1", "port": b.port} for b in backends],
+             "gateway_health_check_interval": 1, "gateway_api_keys": [KEY],
+             "__gateway_pem_path": str(pem), "__gateway_keys_path": str(keys), "__gateway_runtime_socket": str(sock),
+             **settings}
+    config = render_config(tmp_path, extra)
+    check = subprocess.run([HAPROXY, "-c", "-q", "-f", str(config)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    process = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    gateway = Gateway(port, sock, cert, process)
+    try:
+        deadline = time.monotonic() + 20
+        while not all(gateway.status("vllm", b.name) == "UP" if sock.exists() else False for b in backends):
+            assert time.monotonic() < deadline and process.poll() is None, "HAProxy did not see both servers UP"
+            time.sleep(0.3)
+        yield gateway
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def backends() -> Iterator[list[NamedBackend]]:
+    servers = [NamedBackend("replica-a").start(), NamedBackend("replica-b").start()]
+    yield servers
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, backends: list[NamedBackend]) -> Iterator[Gateway]:
+    """The role's defaults, but two requests at once per server and a short queue, so saturation is cheap."""
+    with start_gateway(tmp_path, backends, gateway_backend_max_connections=2, gateway_queue_limit=4,
+                       gateway_timeout_queue=20) as running:
+        yield running
+
+
+def sessions_map(gateway: Gateway, keys: list[str], by: str = "header") -> dict[str, set[str | None]]:
+    """Key -> the servers that answered its 4 requests (one per request, one after another)."""
+    out: dict[str, set[str | None]] = {}
+    for key in keys:
+        for _ in range(4):
+            status, server, _ = (gateway.post({}, session=key) if by == "header" else gateway.post({"user": key}))
+            assert status == 200
+            out.setdefault(key, set()).add(server)
+    return out
+
+
+def test_a_conversation_stays_on_one_replica_and_conversations_spread(gateway: Gateway) -> None:
+    by_header = sessions_map(gateway, [f"conversation-{i}" for i in range(24)])
+    assert all(len(servers) == 1 for servers in by_header.values()), by_header
+    share = collections.Counter(next(iter(s)) for s in by_header.values())
+    assert set(share) == {"replica-a", "replica-b"} and min(share.values()) >= 6, share
+    by_user = sessions_map(gateway, [f"user-{i}" for i in range(12)], by="user")
+    assert all(len(servers) == 1 for servers in by_user.values()), by_user
+    assert len({next(iter(s)) for s in by_user.values()}) == 2, by_user
+
+
+def test_without_a_key_the_least_busy_replica_serves(gateway: Gateway) -> None:
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: gateway.post({"sleep": 0.5}), range(8)))
+    assert {status for status, _, _ in answers} == {200}
+    assert collections.Counter(server for _, server, _ in answers) == {"replica-a": 4, "replica-b": 4}
+
+
+def test_a_drained_replica_hands_its_keys_over_and_gets_them_back(gateway: Gateway) -> None:
+    keys = [f"conversation-{i}" for i in range(16)]
+    before = {key: gateway.post({}, session=key)[1] for key in keys}
+    moved = [key for key, server in before.items() if server == "replica-a"]
+    assert moved, before
+    gateway.runtime("set server vllm/replica-a state drain")   # what roles/rollout's drain sends
+    assert gateway.status("vllm_affinity", "replica-a") == "DRAIN"   # the tracking server follows
+    during = {key: gateway.post({}, session=key)[1] for key in keys}
+    assert set(during.values()) == {"replica-b"}, during
+    gateway.runtime("set server vllm/replica-a state ready")
+    after = {key: gateway.post({}, session=key)[1] for key in keys}
+    assert after == before
+
+
+def test_a_hot_key_spills_over_instead_of_piling_onto_one_replica(tmp_path: Path,
+                                                                  backends: list[NamedBackend]) -> None:
+    """8 requests of one conversation at once, 8 slots a server: HAProxy's hash-balance-factor (150 %) lets its
+    replica serve at most about 1.5 x the average, the rest go to the next replica on the ring."""
+    with start_gateway(tmp_path, backends, gateway_backend_max_connections=8, gateway_queue_limit=0) as gateway:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: gateway.post({"sleep": 1.5}, session="hot"), range(8)))
+        assert {status for status, _, _ in answers} == {200}
+        share = collections.Counter(server for _, server, _ in answers)
+        assert len(share) == 2 and max(share.values()) <= 6, share
+
+
+def test_saturation_answers_200_or_429_with_retry_after_only(gateway: Gateway) -> None:
+    """30 requests at once (half keyed) against 2 x 2 slots and a queue of 4: no 5xx, no hang."""
+    def one(i: int) -> tuple[int, str | None, str | None]:
+        return gateway.post({"sleep": 1.0}, session=f"conversation-{i}" if i % 2 else None)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(30) as pool:
+        answers = list(pool.map(one, range(30)))
+    statuses = collections.Counter(status for status, _, _ in answers)
+    assert set(statuses) <= {200, 429} and statuses[200] >= 4 and statuses[429] >= 1, statuses
+    assert all(retry == "2" for status, _, retry in answers if status == 429)
+    assert time.monotonic() - started < 30
+
+
+def test_a_request_that_waits_out_the_queue_gets_429_not_503(tmp_path: Path, backends: list[NamedBackend]) -> None:
+    """No queue limit, one slot per server, a 2 s queue timeout: the requests that never get a slot are told to
+    come back (429 + Retry-After), which a client retries, not 503, which means the service is down."""
+    with start_gateway(tmp_path, backends, gateway_backend_max_connections=1, gateway_queue_limit=0,
+                       gateway_timeout_queue=2) as gateway:
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: gateway.post({"sleep": 4.0}), range(6)))
+        statuses = collections.Counter(status for status, _, _ in answers)
+        assert statuses == {200: 2, 429: 4}, answers
+        assert all(retry == "2" for status, _, retry in answers if status == 429)
