@@ -75,6 +75,8 @@ class ActionModule(ActionBase):
                 if probe.get("failed"):
                     break
                 display.display(progress_line(host, probe))
+                if probe.get("status") == "healthy" and (probe.get("phases") or {}).get("summary"):
+                    display.display(f"{host}: where the start went: {probe['phases']['summary']}")
                 if finished(probe, args["timeout"]):
                     break
                 # The next step continues the same watch: same start time, same restart count.

@@ -11,8 +11,9 @@ description:
     streamed chat completion (time to first token, decode tokens/s from the usage vLLM reports).
   - Reads vLLM's KV cache tokens, blocks and maximum concurrency from C(/metrics) (the C(vllm:cache_config_info)
     gauge's labels), and the journal of the unit's current invocation for what C(/metrics) lacks (KV cache bytes
-    per rank, model loading; also the fallback for the KV figures) and the time from start to healthy, and
-    compares them with the plan.
+    per rank, model loading; also the fallback for the KV figures) and the time from start to healthy with its
+    parts (imports, weights, compile, memory profiling, KV cache, CUDA graphs, API up), and compares them with the
+    plan.
   - Returns the verdict (RV(failures), RV(passed)) and the whole report; it does not fail on findings, so the
     caller can write the report first and judge afterwards.
   - Changes nothing.
@@ -124,7 +125,12 @@ plan_vs_actual:
   returned: success
   type: dict
 unit:
-  description: C(main_pid), C(restarts), C(invocation_id), C(started_at), C(healthy_at), C(seconds_to_healthy).
+  description:
+    - C(main_pid), C(restarts), C(invocation_id), C(started_at), C(healthy_at), C(seconds_to_healthy).
+    - C(phases) splits the start into its parts from vLLM's own log (module_utils/startup_phases.py),
+      C(parts) (each C(name), C(seconds) from the journal's timestamps, C(vllm_seconds) where vLLM logs its own
+      figure, C(status) ran / not run / unknown), C(total_seconds), C(accounted_seconds), C(compile_cache)
+      (hit, miss, load failed), C(figures), C(summary).
   returned: success
   type: dict
 """
@@ -140,7 +146,7 @@ from urllib.error import HTTPError
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import systemd
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import startup_phases, systemd
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_log import parse_startup
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import kv_from_metrics
 
@@ -427,7 +433,8 @@ def build_report(host: str, when: str, url: str, served_model_name: str, plan: d
             f"{_or_unknown(stream.get('tokens_per_second'))} tokens/s",
             f"KV cache tokens: vLLM {_or_unknown(kv.get('actual'))} vs plan {_or_unknown(kv.get('planned'))}"
             + (f" ({difference * 100:+.3f} %)" if difference is not None else ""),
-            f"start to healthy: {_or_unknown(unit.get('seconds_to_healthy'))} s",
+            f"start to healthy: {_or_unknown(unit.get('seconds_to_healthy'))} s"
+            + (f" ({unit['phases']['summary']})" if unit.get("phases") else ""),
             ("FAILED: " + "; ".join(failures)) if failures else "all checks passed",
         ],
     }
@@ -461,12 +468,13 @@ def main() -> None:
         # The endpoint can still be checked; only the startup numbers and timings stay unknown.
         module.warn(f"{exc}; vLLM's startup numbers are not read")
         state = {}
-    lines: list[str] = []
+    entries: list[startup_phases.Entry] = []
     if state.get("InvocationID"):
         rc, out, _err = module.run_command(
-            ["journalctl", f"_SYSTEMD_INVOCATION_ID={state['InvocationID']}", "-o", "cat", "--no-pager"]
+            ["journalctl", f"_SYSTEMD_INVOCATION_ID={state['InvocationID']}", "-o", "json", "--no-pager"]
         )
-        lines = out.splitlines() if rc == 0 else []
+        entries = startup_phases.journal_entries(out.splitlines()) if rc == 0 else []
+    lines = [message for _when, message in entries]
     startup = parse_startup(lines)
     observed = probe_endpoint(url, p["api_key"], p["model"], p["prompt"], p["max_tokens"], p["timeout"])
     scrape = request(f"{url}/metrics", p["api_key"])
@@ -475,6 +483,8 @@ def main() -> None:
     failures = verdict(observed, pva, p["model"], p["require_reasoning"], p["reasoning_parser"],
                        p["enforce_plan"], p["kv_tolerance"])
     unit = unit_times(state)
+    unit["phases"] = startup_phases.startup_phases(entries, unit["started_at"], unit["healthy_at"],
+                                                   str(p["plan"].get("device") or "cuda"))
     report = build_report(p["host"], datetime.now(UTC).isoformat(), url, p["model"], p["plan"], observed,
                           startup, unit, pva, failures)
     report["metrics_kv"] = metrics

@@ -181,6 +181,28 @@ options:
       The node's GPU topology (node_facts_gpu_topology: nvidia-smi topo -m parsed) the instances' GPU groups are
       chosen from; empty = unknown, groups in index order.
     type: dict
+  load_format:
+    description:
+      - vLLM's weight loader (--load-format; auto adds no flag), one of O(loaders)' formats. A loader whose package
+        a lock of the release in O(locks) does not pin is refused, naming the fix.
+    type: str
+    default: auto
+  load_disk:
+    description: The storage the weights are read from (auto = unknown), one of O(loaders)' disks.
+    type: str
+    default: auto
+  loaders:
+    description:
+      - The loader catalog (vllm_node_loaders, roles/vllm_node/vars/main/loaders.yml). With it the plan has
+        C(loader) (the loader, its predicted load time and the timeouts it sets, a table over every loader and
+        disk) and C(compile_cache) (the key of the compile-cache directory); without it neither.
+    type: dict
+  locks:
+    description: The lock catalog (vllm_node_vllm_locks); its pins decide the loaders available and enter the key.
+    type: dict
+  driver:
+    description: The node's NVIDIA driver version (or "branch N" before it reports one); enters the cache key.
+    type: str
 attributes:
   action:
     support: full
@@ -225,6 +247,7 @@ plan:
       start_after, gpu_memory_utilization, fits, min_gpus, need, error and plan, the single-model plan above), gpus
       (per GPU - the instances on it, their memory fraction and bytes), start_order, checks, reasons, advice and
       message (the refusal, empty when it fits) and summary (the line a split that fits prints).
+    - With O(loaders), also loader and compile_cache (plugins/module_utils/sizing/warmstart.py).
   returned: success
   type: dict
   sample: {fits: true, max_model_len: 131072, tensor_parallel_size: 8, service: {argv: [--model, /srv/vllm/models/x]}}

@@ -165,6 +165,13 @@ processes_summary:
   description: RV(processes) as one line, e.g. C(VLLM::Worker 812 running, 301.2 CPU-s, CPUs 0); empty when none.
   returned: success
   type: str
+phases:
+  description:
+    - The start so far in parts from vLLM's own log (module_utils/startup_phases.py), C(parts) (each C(name),
+      C(seconds), C(vllm_seconds), C(status) ran / not run / unknown), C(total_seconds), C(compile_cache),
+      C(summary); a part the log has not reached yet is unknown.
+  returned: success
+  type: dict
 """
 
 import time
@@ -172,7 +179,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import proc_tree, systemd, vllm_log
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import proc_tree, startup_phases, systemd, vllm_log
 
 PROPERTIES = (
     "ActiveState", "SubState", "MainPID", "NRestarts", "Result", "InactiveExitTimestamp",
@@ -281,6 +288,9 @@ def main() -> None:
         "processes": proc_tree.service_processes(int(state.get("MainPID") or 0)) if status != "healthy" else [],
     }
     result["processes_summary"] = "; ".join(proc_tree.describe(process) for process in result["processes"])
+    entries = startup_phases.journal_entries(out.splitlines(), module.params["not_invocation"]) if rc == 0 else []
+    healthy_at = systemd.unix_time(state.get("ActiveEnterTimestamp")) if status == "healthy" else None
+    result["phases"] = startup_phases.startup_phases(entries, since, healthy_at)
     if status == "failed":
         result["cause"] = vllm_log.root_cause(lines)
         error = vllm_log.kv_cache_error(lines)

@@ -195,7 +195,9 @@ def test_unit_renders_the_plan(host):
     for name, value in node.planned(HOST)["environment"].items():
         assert f'"{name}={value}"' in text
     assert '"HF_HUB_OFFLINE=1"' in text
-    assert "VLLM_CACHE_ROOT=/var/lib/vllm/cache/vllm" in text
+    # the compile caches in the plan's keyed directory (vllm_service README, "Compile caches")
+    cache = f"/var/lib/vllm/cache/{node.planned(HOST)['compile_cache']['dir']}"
+    assert f'"VLLM_CACHE_ROOT={cache}/vllm"' in text
     assert '"--enforce-eager"' in text
     # The unit runs exactly the command the preflight computed (plan.service), nothing assembled elsewhere.
     service = node.planned(HOST)["service"]
@@ -206,6 +208,7 @@ def test_unit_renders_the_plan(host):
     assert f"TimeoutStartSec={service['start_timeout']}\n" in text
     assert f"TimeoutStopSec={service['stop_timeout']}\n" in text and "--shutdown-timeout" in service["argv"]
     assert host.file("/var/lib/vllm/cache").user == "vllm"
+    assert host.file(cache).is_directory and host.file(cache).user == "vllm"
 
 
 def test_hardening_exposure(host):

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import instances as split
-from . import lora, speculative
+from . import lora, speculative, warmstart
 from .advice import checks, fit_options, headroom_advice, length_message, reasons
 from .argv import ServiceInputs, planned_args, planned_environment, service_command
 from .budget import bounding_stage, cpu_budget, cuda_budget, resolve_batch
@@ -220,6 +220,8 @@ _NODE_PLAN_ARGS = (
     "decode_context_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len", "enforce_eager",
     "enable_lora", "max_loras", "max_lora_rank", "cpu_amx", "model_root", "model_dir", "listen_address", "port",
     "extra_args", "extra_environment", "start_timeout", "shutdown_timeout", "instances", "topology",
+    # warm starts (sizing/warmstart.py): the loader knobs, its catalog, the lock catalog, the node's driver
+    "load_format", "load_disk", "loaders", "locks", "driver",
 )
 # A refusal of the maths names a plan input; the knob that sets it, so the message ends with what to change.
 _FIXES = {
@@ -323,12 +325,20 @@ def node_plan(args: Mapping[str, Any]) -> dict[str, Any]:
                       cpu_kv_cache_space_gib=args.get("cpu_kv_cache_space_gib"), host=host,
                       source=str(args.get("gpu_source") or ""))
     kwargs = _sizing_kwargs(args, knobs, model, gpu)
+    warm = warmstart.resolve(args, vllm_version=knobs["vllm_version"], vllm_variant=knobs["vllm_variant"],
+                             gpus_per_node=gpu.count, load_mib_per_second=knobs["load_mib_per_second"])
+    if warm is not None:
+        kwargs["load_mib_per_second"] = warm["rate"]
+        args = {**args, "extra_args": warmstart.load_format_args(warm["load_format"], args.get("extra_args") or [])}
     service_inputs = _service_inputs(args, model.entry["repo"], model.entry.get("serving"))
     try:
         sized = plan(PlanInputs.from_kwargs(model.config, **kwargs))
         sized.update(config_source=model.config_source, revision=model.entry.get("revision") or "main",
                      checkpoint_bytes=model.checkpoint_bytes)
         sized["service"] = service_command(sized, service_inputs)
+        if warm is not None:
+            sized.update(warmstart.blocks(sized, warm, gpu_key=gpu.key, gpu_entry=gpu.entry,
+                                          driver=str(args.get("driver") or "")))
     except SizingError as exc:
         raise SizingError(f"Cannot plan {model.key} on {gpu.count} x {gpu.key} (vLLM {kwargs['vllm_version']}): "
                           f"{_with_fix(str(exc))}") from exc

@@ -12,6 +12,7 @@ import pytest
 
 from ansible_collections.vllm_node.vllm_node.plugins.action import vllm_service_wait as wait
 from ansible_collections.vllm_node.vllm_node.plugins.filter.service_url import service_url
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import startup_phases
 from ansible_collections.vllm_node.vllm_node.plugins.modules import inference_check_measure as measure
 
 KEY = "sk-test"
@@ -149,6 +150,30 @@ def test_report_has_every_field_and_a_summary():
         "start to healthy: 42 s",
         "FAILED: x",
     ]
+
+
+def test_report_summary_names_where_the_start_went():
+    plan = {"model": MODEL, "device": "cpu"}
+    startup = {"kv_cache_tokens": None, "available_kv_cache_bytes": [], "model_loading_bytes": [],
+               "max_concurrency": None}
+    lines = ["INFO 01-01 00:00:03 [api_utils.py:1] non-default args: {}",
+             "INFO 01-01 00:00:09 [core.py:1] Initializing a V1 LLM engine (v0.32.0) with config: x",
+             "INFO 01-01 00:00:10 [cpu_model_runner.py:68] Starting to load model m...",
+             "INFO 01-01 00:00:10 [default_loader.py:501] Loading weights took 0.01 seconds",
+             "INFO 01-01 00:00:30 [cpu_model_runner.py:91] Warming up done.",
+             "INFO 01-01 00:00:30 [kv_cache_utils.py:1] CPU KV cache size: 2,097,152 tokens",
+             "INFO 01-01 00:00:31 [core.py:402] init engine (profile, create kv cache, warmup model) took 21.00 s",
+             "INFO:     Application startup complete."]
+    entries = startup_phases.prefix_entries(lines, 2026)
+    begin = entries[0][0] - 3
+    unit = {"seconds_to_healthy": 35,
+            "phases": startup_phases.startup_phases(entries, begin, begin + 35, "cpu")}
+    report = measure.build_report("node1", "t", "http://127.0.0.1:8000", MODEL, plan, observed(), startup, unit,
+                                  measure.compare_with_plan(startup, plan), [])
+    assert report["summary"][3] == (
+        "start to healthy: 35 s (imports 3.0 s, engine_start 6.0 s, workers_start 1.0 s, weights 0.0 s (vLLM 0.01 s),"
+        " compile 20.0 s, memory_profiling not run, kv_cache 1.0 s, cuda_graphs not run, api_up 0.0 s,"
+        " health_wait 4.0 s; total 35.0 s)")
 
 
 # ---- the HTTP calls, against a fake vLLM ---------------------------------------------------------------

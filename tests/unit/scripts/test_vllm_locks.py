@@ -99,7 +99,10 @@ def test_lock_summary_reads_python_runtime_and_torch():
     summary = lock_summary("vllm-9.9.9-cuda-py3.12.txt", EXCERPT + "nvidia-cuda-runtime-cu12==12.8.90 \\\n"
                            "    --hash=sha256:" + "a" * 64 + "\ntorch==2.9.0 \\\n    --hash=sha256:" + "b" * 64 + "\n")
     assert summary == {"file": "vllm-9.9.9-cuda-py3.12.txt", "python": "3.12", "packages": 5, "torch": "2.9.0",
-                       "cuda_runtime": "12.8.90", "cuda_major": 12}
+                       "cuda_runtime": "12.8.90", "cuda_major": 12, "pins": {}}
+    with_loader = lock_summary("vllm-9.9.9-cuda-py3.12.txt", EXCERPT + "fastsafetensors==0.5.0 \\\n    --hash=sha256:"
+                               + "c" * 64 + "\n")
+    assert with_loader["pins"] == {"fastsafetensors": "0.5.0"}
     with pytest.raises(ValueError, match="named for Python 3.11 but compiled for Python 3.12"):
         lock_summary("vllm-9.9.9-cuda-py3.11.txt", EXCERPT)
 
