@@ -505,3 +505,32 @@ def refusal_message(report: Mapping[str, Any]) -> str | None:
     if not parts:
         return None
     return "GPU health check FAILED, refusing to continue: " + " ".join(parts)
+
+
+def summary_lines(report: Mapping[str, Any]) -> list[str]:
+    """The report for a person: a first line with the verdict, then one line per finding that is not PASS
+    (``GPU 1 (serial ..., bus ...): WARN <reason> [<code>]``, ``(accepted)`` after an accepted WARN)."""
+    gpus = report["gpus"]
+    lines = [f"GPU health {report['verdict']} over {len(gpus)} GPU(s)"]
+    for gpu in gpus:
+        for item in gpu["findings"]:
+            lines.append(f"{gpu_label(gpu)}: {item['severity']} {item['reason']} [{item['code']}]"
+                         + (" (accepted)" if item.get("accepted") else ""))
+    for item in report["node_findings"]:
+        lines.append(f"node: {item['severity']} {item['reason']} [{item['code']}]"
+                     + (" (accepted)" if item.get("accepted") else ""))
+    return lines
+
+
+def brief(report: Mapping[str, Any]) -> dict[str, Any]:
+    """What a manifest keeps of a report: the verdict, each GPU's identity and verdict, the codes that are not PASS
+    per GPU (accepted ones apart) and the summary lines."""
+    def codes(items: Iterable[Mapping[str, Any]], accepted: bool) -> list[str]:
+        return sorted(str(i["code"]) for i in items if bool(i.get("accepted")) == accepted)
+
+    return {"verdict": report["verdict"],
+            "gpus": [{"index": g.get("index"), "serial": g.get("serial"), "pci_bus_id": g.get("pci_bus_id"),
+                      "verdict": g["verdict"], "findings": codes(g["findings"], False),
+                      "accepted": codes(g["findings"], True)} for g in report["gpus"]],
+            "node_findings": codes(report["node_findings"], False),
+            "summary": summary_lines(report)}

@@ -105,6 +105,19 @@ kernel_log_source:
   type: str
   returned: always
   sample: journalctl
+summary:
+  description: The verdict line, then one line per finding that is not PASS (GPU index, serial, bus id, severity,
+    reason, code; C((accepted)) after an accepted WARN).
+  type: list
+  elements: str
+  returned: always
+  sample: ["GPU health WARN over 2 GPU(s)", "GPU 1 (serial 1792525000001, bus 0000:28:00.0): WARN PCIe link ..."]
+brief:
+  description: What a manifest keeps, C({verdict, gpus, node_findings, summary}); each GPU as C({index, serial,
+    pci_bus_id, verdict, findings, accepted}) with the codes of its findings (accepted WARNs apart).
+  type: dict
+  returned: always
+  sample: {verdict: PASS, gpus: [], node_findings: [], summary: ["GPU health PASS over 0 GPU(s)"]}
 """
 
 from collections.abc import Callable, Sequence
@@ -160,7 +173,8 @@ def check(run: Runner, nvidia_smi: str = "nvidia-smi", kernel_log: str = "auto",
         report["node_findings"] = [f for f in report["node_findings"] if f["code"] != "nvidia_smi_failed"]
     report["node_findings"] = extra + report["node_findings"]
     report = gpu_health.accept_warnings(report, accepted)
-    return dict(report, refusal=gpu_health.refusal_message(report), kernel_log_source=source)
+    return dict(report, refusal=gpu_health.refusal_message(report), kernel_log_source=source,
+                summary=gpu_health.summary_lines(report), brief=gpu_health.brief(report))
 
 
 def main() -> None:
