@@ -1,7 +1,7 @@
 """The GPU health watch on a node: a systemd timer runs ``gpu_watch.py check`` (the health verdict from the cheap
 probes: ``nvidia-smi -q -x`` and the kernel log's Xid lines, no dcgmi) and writes it to a file; a socket-activated
 unit runs ``gpu_watch.py answer`` for each connection of HAProxy's ``agent-check`` and prints one line from that
-file: ``down#<reason>`` on a FAIL (HAProxy takes the server out of rotation and shows the reason in its stats),
+file: ``down #<reason>`` on a FAIL (HAProxy takes the server out of rotation and shows the reason in its stats),
 ``up`` otherwise (HAProxy puts it back once its own health check passes too).
 
 The agent only ever says ``up`` or ``down``: those change the server's operational state. It never says ``ready``,
@@ -30,7 +30,9 @@ try:
 except ImportError:  # on the node: installed beside this file
     import gpu_health  # type: ignore[import-not-found,no-redef]
 
-# HAProxy shows the description in its stats; it ends at the line's end, so no newline, and no comma (the stats CSV).
+# HAProxy splits the answer in words at spaces and commas; a word starting with '#' starts the description, which
+# runs to the line's end and is shown in its stats and log ("via agent : down (<description>)"): hence the space in
+# "down #<description>" (HAProxy 2.6 takes "down#x" for one unknown word), no newline and no comma in it.
 _DESCRIPTION_UNSAFE = re.compile(r"[^A-Za-z0-9 _.:;()/=+-]")
 DESCRIPTION_MAX = 200
 
@@ -57,7 +59,7 @@ def agent_reply(document: Mapping[str, Any] | None) -> str:
         return "up"
     reason = "GPU health FAIL: " + str(document.get("reason") or "see the node's verdict file")
     reason = _DESCRIPTION_UNSAFE.sub(" ", reason.replace(",", ";"))[:DESCRIPTION_MAX]
-    return f"down#{reason}"
+    return f"down #{reason}"
 
 
 def read_document(path: str) -> dict[str, Any] | None:

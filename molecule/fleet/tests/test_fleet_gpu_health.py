@@ -1,6 +1,6 @@
 """The GPU watch in the fleet (issue 28), after test_fleet.py in the same verify: a simulated Xid 79 on fleet-node2
 takes it out of the gateway's rotation by itself (the node's timer writes the FAIL verdict, its agent answers
-HAProxy's agent-check `down#...`) while a client loop through the gateway sees no failed request, and once the Xid is
+HAProxy's agent-check `down #...`) while a client loop through the gateway sees no failed request, and once the Xid is
 cleared the node comes back by itself and gets requests again. Nothing here talks to HAProxy's runtime API.
 
 The simulation's boundary: the node's dmesg stand-in (tests/fixtures/gpu_node/dmesg) prints the file its data file's
@@ -116,7 +116,7 @@ def test_06_an_xid_takes_the_node_out_by_itself_and_it_comes_back(served_model, 
         simulate_kernel_log(SICK, "kern-xid79.log")
         out_after = wait_for_status(SICK, "DOWN", CHANGE_WITHIN_S)
         answer = agent_answer(SICK)
-        assert answer.startswith("down#GPU health FAIL: GPU 1 (serial 1792525000001; bus 0000:28:00.0): xid_79"), \
+        assert answer.startswith("down #GPU health FAIL: GPU 1 (serial 1792525000001; bus 0000:28:00.0): xid_79"), \
             answer
         assert backend_rows()[HEALTHY]["status"] == "UP" and agent_answer(HEALTHY) == "up"
         sent_while_down = sessions_total(SICK)

@@ -42,9 +42,9 @@ def test_no_verdict_a_pass_and_a_warn_answer_up() -> None:
 ])
 def test_a_fail_answers_down_naming_the_gpu_and_the_code(xml: str, log: str, code: str) -> None:
     reply = gw.agent_reply(document(xml, log))
-    assert reply.startswith("down#GPU health FAIL: GPU 1 (serial ")
+    assert reply.startswith("down #GPU health FAIL: GPU 1 (serial ")
     assert "bus 0000:28:00.0): " in reply and code in reply
-    assert "," not in reply and "\n" not in reply and len(reply) <= len("down#") + gw.DESCRIPTION_MAX
+    assert "," not in reply and "\n" not in reply and len(reply) <= len("down #") + gw.DESCRIPTION_MAX
     assert "GPU 0 " not in reply
 
 
@@ -52,12 +52,12 @@ def test_a_node_failure_without_a_gpu_is_named() -> None:
     report = gh.evaluate(None)
     doc = gw.verdict_document(report, 0.0)
     assert doc["reason"] == "node: nvidia_smi_failed"
-    assert gw.agent_reply(doc) == "down#GPU health FAIL: node: nvidia_smi_failed"
+    assert gw.agent_reply(doc) == "down #GPU health FAIL: node: nvidia_smi_failed"
 
 
 def test_an_unsafe_reason_is_cleaned() -> None:
     reply = gw.agent_reply({"verdict": "FAIL", "reason": "a,b\nc#d" + "x" * 500})
-    assert reply.startswith("down#GPU health FAIL: a;b c d") and len(reply) == len("down#") + gw.DESCRIPTION_MAX
+    assert reply.startswith("down #GPU health FAIL: a;b c d") and len(reply) == len("down #") + gw.DESCRIPTION_MAX
 
 
 def test_unreadable_verdict_files_read_as_none(tmp_path: Path) -> None:
@@ -104,7 +104,7 @@ def test_the_installed_watch_goes_down_on_an_xid_and_comes_back_when_cleared(tmp
     checked = watch(tmp_path, env, "check", "--out", verdict, "--kernel-log", "dmesg")
     assert "GPU health FAIL: GPU 1 (serial 1792525000001, bus 0000:28:00.0): xid_79" in checked.stdout
     answer = watch(tmp_path, env, "answer", "--verdict", verdict).stdout
-    assert answer == "down#GPU health FAIL: GPU 1 (serial 1792525000001; bus 0000:28:00.0): xid_79\n"
+    assert answer == "down #GPU health FAIL: GPU 1 (serial 1792525000001; bus 0000:28:00.0): xid_79\n"
     again = watch(tmp_path, env, "check", "--out", verdict, "--kernel-log", "dmesg")
     assert again.stdout == "", "an unchanged verdict is not logged again"
     env = node(tmp_path, "rtx-pro-6000-healthy.xml", "kern-clean.log")
@@ -123,4 +123,4 @@ def test_accepted_codes_and_a_missing_nvidia_smi(tmp_path: Path) -> None:
                     "--nvidia-smi", str(tmp_path / "no-such-tool"))
     assert checked.returncode == 0
     assert watch(tmp_path, env, "answer", "--verdict", verdict).stdout.startswith(
-        "down#GPU health FAIL: node: nvidia_smi_failed")
+        "down #GPU health FAIL: node: nvidia_smi_failed")
