@@ -40,7 +40,7 @@ define timed
 	@t0=$$(date +%s); $(2); echo "== stage $(1): $$(( $$(date +%s) - t0 )) s"
 endef
 
-.PHONY: help setup test-tools docker images wheelhouse venv-image bundle test-cuda-env oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
+.PHONY: help setup test-tools gpu-probe gpu-probe-wheels docker images wheelhouse venv-image bundle test-cuda-env oracle fixtures lint docs locks lock-check unit integration molecule test demo demo-rerun plan clean
 
 help:
 	@echo "make demo   deploy the demo node (a systemd container with CPU vLLM and a tiny model)"
@@ -51,6 +51,7 @@ help:
 	@echo "make locks  recompile the CUDA locks (one per Python the supported OSes carry) and their catalog"
 	@echo "make bundle  the offline bundle of a plan (wheels, model, apt closure, manifest), BUNDLE_ARGS='...'"
 	@echo "make test-cuda-env  opt-in: install the CUDA vLLM lock in a noble container and import it (~9 GB)"
+	@echo "make gpu-probe GPU_PROBE_DIR=dir  on a GPU host (no network, PyTorch): plan vs measured JSON report"
 	@echo "make lint | unit | lock-check | integration | molecule | images | wheelhouse | venv-image | oracle | setup"
 
 setup:
@@ -146,6 +147,15 @@ demo: setup images wheelhouse
 # (60 s on an idle machine, stretched by the load per CPU above 1).
 demo-rerun: setup
 	@bash scripts/time-rerun.sh
+
+# The GPU probe (scripts/gpu-probe.sh, README "GPU probe"): on a host with an NVIDIA GPU and a Python with PyTorch,
+# no network; the report goes to GPU_PROBE_DIR. gpu-probe-wheels (connected) fetches the wheels it carries.
+GPU_PROBE_DIR ?= artifacts/gpu-probe
+gpu-probe:
+	bash scripts/gpu-probe.sh $(GPU_PROBE_DIR)
+
+gpu-probe-wheels: setup
+	bash scripts/gpu-probe.sh wheels
 
 clean:
 	rm -rf .cache artifacts/*.json artifacts/*.html

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 PASS = "PASS"
@@ -505,3 +505,83 @@ def refusal_message(report: Mapping[str, Any]) -> str | None:
     if not parts:
         return None
     return "GPU health check FAILED, refusing to continue: " + " ".join(parts)
+
+
+def summary_lines(report: Mapping[str, Any]) -> list[str]:
+    """The report for a person: a first line with the verdict, then one line per finding that is not PASS
+    (``GPU 1 (serial ..., bus ...): WARN <reason> [<code>]``, ``(accepted)`` after an accepted WARN)."""
+    gpus = report["gpus"]
+    lines = [f"GPU health {report['verdict']} over {len(gpus)} GPU(s)"]
+    for gpu in gpus:
+        for item in gpu["findings"]:
+            lines.append(f"{gpu_label(gpu)}: {item['severity']} {item['reason']} [{item['code']}]"
+                         + (" (accepted)" if item.get("accepted") else ""))
+    for item in report["node_findings"]:
+        lines.append(f"node: {item['severity']} {item['reason']} [{item['code']}]"
+                     + (" (accepted)" if item.get("accepted") else ""))
+    return lines
+
+
+def brief(report: Mapping[str, Any]) -> dict[str, Any]:
+    """What a manifest keeps of a report: the verdict, each GPU's identity and verdict, the codes that are not PASS
+    per GPU (accepted ones apart) and the summary lines."""
+    def codes(items: Iterable[Mapping[str, Any]], accepted: bool) -> list[str]:
+        return sorted(str(i["code"]) for i in items if bool(i.get("accepted")) == accepted)
+
+    return {"verdict": report["verdict"],
+            "gpus": [{"index": g.get("index"), "serial": g.get("serial"), "pci_bus_id": g.get("pci_bus_id"),
+                      "verdict": g["verdict"], "findings": codes(g["findings"], False),
+                      "accepted": codes(g["findings"], True)} for g in report["gpus"]],
+            "node_findings": codes(report["node_findings"], False),
+            "summary": summary_lines(report)}
+
+
+# argv -> (rc, stdout, stderr); 127 when the command is not there.
+Runner = Callable[[list[str]], tuple[int, str, str]]
+KERNEL_LOG_COMMANDS: dict[str, list[str]] = {
+    "journalctl": ["journalctl", "-k", "-b", "-o", "cat", "--no-pager"],
+    "dmesg": ["dmesg"],
+}
+
+
+def read_kernel_log(run: Runner, source: str) -> tuple[str, str | None]:
+    """(the source used, its text); the text is None when no source answered. ``auto``: journalctl, else dmesg."""
+    names = ["journalctl", "dmesg"] if source == "auto" else [source]
+    for name in names:
+        rc, out, _err = run(KERNEL_LOG_COMMANDS[name])
+        if rc == 0:
+            return name, out
+    return "none", None
+
+
+def collect(run: Runner, nvidia_smi: str = "nvidia-smi", kernel_log: str = "auto", dcgm_diag: bool = False,
+            dcgmi: str = "dcgmi", accepted: Sequence[str] = ()) -> dict[str, Any]:
+    """Run the probes with ``run`` and return the report plus ``refusal`` and ``kernel_log_source``.
+
+    The gpu_health module and the node's watch (gpu_watch.py) both call this.
+    """
+    rc, smi_out, smi_err = run([nvidia_smi, "-q", "-x"])
+    smi_xml = smi_out if rc == 0 else None
+    extra: list[dict[str, Any]] = []
+    if rc != 0:
+        text = (smi_out.strip() or smi_err.strip() or f"exit {rc}").splitlines()[0]
+        extra.append(finding("nvidia_smi_failed", FAIL, f"nvidia-smi -q -x failed: {text}",
+                             "check the driver (nvidia-smi, the kernel log); reboot if it is wedged"))
+    source, log_text = ("none", None) if kernel_log == "none" else read_kernel_log(run, kernel_log)
+    if log_text is None:
+        extra.append(finding("unknown_xid_events", WARN, "the kernel log was not read (Xid events unknown)",
+                             "run as root (journalctl -k needs it), or accept this code"))
+    dcgm_text = None
+    if dcgm_diag:
+        dcgm_rc, dcgm_out, dcgm_err = run([dcgmi, "diag", "-r", "1"])
+        dcgm_text = dcgm_out
+        if dcgm_rc != 0 and not parse_dcgm_diag(dcgm_out):
+            extra.append(finding("dcgm_diag_failed", WARN,
+                                 f"dcgmi diag -r 1 exited {dcgm_rc}: {(dcgm_out.strip() or dcgm_err.strip())[:200]}",
+                                 "check that DCGM (nv-hostengine) runs, or set dcgm_diag to false"))
+    report = evaluate(smi_xml, log_text or "", dcgm_text)
+    if smi_xml is None:
+        report["node_findings"] = [f for f in report["node_findings"] if f["code"] != "nvidia_smi_failed"]
+    report["node_findings"] = extra + report["node_findings"]
+    report = accept_warnings(report, accepted)
+    return dict(report, refusal=refusal_message(report), kernel_log_source=source)

@@ -105,7 +105,8 @@ def build(facts: Mapping[str, Any], secrets: Iterable[str] = (), previous: Mappi
     """The manifest of a node from the facts the roles published (node_manifest_facts in the role).
 
     `facts` keys (null or "" = not published): host {inventory_hostname, hostname, machine_id, kernel_release,
-    kernel_version, addresses}, os {distribution, version, codename, family, major_version, architecture},
+    kernel_version, addresses, gpu_health (the preflight's GPU health brief)}, os {distribution, version, codename,
+    family, major_version, architecture},
     device, driver_version, driver_flavour, cuda_home, vllm_version, vllm_variant, venv, lock_sha256, model_repo,
     model_revision, model_commit, model_dir, model_file_sha256 (dict), model_manifest_sha256, config_rules_applied,
     config_changes, config_files_sha256, config_texts (file name -> text, the kept originals as "<file>.orig"),
@@ -182,6 +183,8 @@ def build(facts: Mapping[str, Any], secrets: Iterable[str] = (), previous: Mappi
     host = {name: host_facts.get(name) if _known(host_facts.get(name)) else None
             for name in ("inventory_hostname", "hostname", "machine_id", "kernel_release", "kernel_version")}
     host["addresses"] = sorted(str(a) for a in host_facts.get("addresses") or [])
+    # this node's GPUs' health (the preflight's gpu_health brief): per host, outside the hash and the comparisons
+    host["gpu_health"] = host_facts.get("gpu_health") if isinstance(host_facts.get("gpu_health"), Mapping) else None
     previous_host = (previous or {}).get("host") or {}
     same = isinstance(previous, Mapping) and previous.get("manifest_sha256") == content["manifest_sha256"]
     host["generated_at"] = previous_host.get("generated_at") if same and previous_host.get("generated_at") else now

@@ -105,62 +105,36 @@ kernel_log_source:
   type: str
   returned: always
   sample: journalctl
+summary:
+  description: The verdict line, then one line per finding that is not PASS (GPU index, serial, bus id, severity,
+    reason, code; C((accepted)) after an accepted WARN).
+  type: list
+  elements: str
+  returned: always
+  sample: ["GPU health WARN over 2 GPU(s)", "GPU 1 (serial 1792525000001, bus 0000:28:00.0): WARN PCIe link ..."]
+brief:
+  description: What a manifest keeps, C({verdict, gpus, node_findings, summary}); each GPU as C({index, serial,
+    pci_bus_id, verdict, findings, accepted}) with the codes of its findings (accepted WARNs apart).
+  type: dict
+  returned: always
+  sample: {verdict: PASS, gpus: [], node_findings: [], summary: ["GPU health PASS over 0 GPU(s)"]}
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_health
 
-Runner = Callable[[list[str]], tuple[int, str, str]]
-KERNEL_LOG_COMMANDS: dict[str, list[str]] = {
-    "journalctl": ["journalctl", "-k", "-b", "-o", "cat", "--no-pager"],
-    "dmesg": ["dmesg"],
-}
-
-
-def read_kernel_log(run: Runner, source: str) -> tuple[str, str | None]:
-    """(the source used, its text); the text is None when no source answered."""
-    names = ["journalctl", "dmesg"] if source == "auto" else [source]
-    for name in names:
-        rc, out, _err = run(KERNEL_LOG_COMMANDS[name])
-        if rc == 0:
-            return name, out
-    return "none", None
+Runner = gpu_health.Runner
 
 
 def check(run: Runner, nvidia_smi: str = "nvidia-smi", kernel_log: str = "auto", dcgm_diag: bool = False,
           dcgmi: str = "dcgmi", accepted: Sequence[str] = ()) -> dict[str, Any]:
     """Collect the inputs with ``run`` (argv -> rc, stdout, stderr) and return the module's result."""
-    rc, smi_out, smi_err = run([nvidia_smi, "-q", "-x"])
-    smi_xml = smi_out if rc == 0 else None
-    extra: list[dict[str, Any]] = []
-    if rc != 0:
-        text = (smi_out.strip() or smi_err.strip() or f"exit {rc}").splitlines()[0]
-        extra.append(gpu_health.finding("nvidia_smi_failed", gpu_health.FAIL, f"nvidia-smi -q -x failed: {text}",
-                                        "check the driver (nvidia-smi, the kernel log); reboot if it is wedged"))
-    source, log_text = ("none", None) if kernel_log == "none" else read_kernel_log(run, kernel_log)
-    if log_text is None:
-        extra.append(gpu_health.finding("unknown_xid_events", gpu_health.WARN,
-                                        "the kernel log was not read (Xid events unknown)",
-                                        "run as root (journalctl -k needs it), or accept this code"))
-    dcgm_text = None
-    if dcgm_diag:
-        dcgm_rc, dcgm_out, dcgm_err = run([dcgmi, "diag", "-r", "1"])
-        dcgm_text = dcgm_out
-        if dcgm_rc != 0 and not gpu_health.parse_dcgm_diag(dcgm_out):
-            extra.append(gpu_health.finding(
-                "dcgm_diag_failed", gpu_health.WARN,
-                f"dcgmi diag -r 1 exited {dcgm_rc}: {(dcgm_out.strip() or dcgm_err.strip())[:200]}",
-                "check that DCGM (nv-hostengine) runs, or set dcgm_diag to false"))
-    report = gpu_health.evaluate(smi_xml, log_text or "", dcgm_text)
-    if smi_xml is None:
-        report["node_findings"] = [f for f in report["node_findings"] if f["code"] != "nvidia_smi_failed"]
-    report["node_findings"] = extra + report["node_findings"]
-    report = gpu_health.accept_warnings(report, accepted)
-    return dict(report, refusal=gpu_health.refusal_message(report), kernel_log_source=source)
+    report = gpu_health.collect(run, nvidia_smi, kernel_log, dcgm_diag, dcgmi, accepted)
+    return dict(report, summary=gpu_health.summary_lines(report), brief=gpu_health.brief(report))
 
 
 def main() -> None:

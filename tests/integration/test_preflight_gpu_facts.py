@@ -30,7 +30,9 @@ def preflight(tmp_path: Path, gpus: list[dict[str, Any]], **knobs: Any) -> tuple
     plan_file = tmp_path / "plan.json"
     extra = {"node_facts_gpus": gpus, "node_facts_gpu_source": "nvidia-smi" if gpus else "none",
              "vllm_node_plan_file": str(plan_file), "vllm_node_model": "kimi-k2.5-nvfp4",
-             "vllm_node_kv_cache_dtype": "bfloat16", **knobs}
+             "vllm_node_kv_cache_dtype": "bfloat16",
+             # facts given, no nvidia-smi here: the GPU health gate has its own test (test_preflight_gpu_health.py)
+             "vllm_node_gpu_health": False, **knobs}
     extra_file = tmp_path / "extra.json"
     extra_file.write_text(json.dumps(extra))
     rc, out, _ = playbook.run(PLAYBOOK, "-e", f"@{extra_file}", inventory="gpu-node-01,", timeout=300)

@@ -104,6 +104,18 @@ def test_two_nodes_from_the_same_inventory_differ_only_in_host() -> None:
     assert nm.compare(a, b) == []
 
 
+def test_the_gpu_health_brief_is_kept_per_host_outside_the_hash() -> None:
+    """Two nodes whose GPUs differ in health (serials, a WARN) are still the same deployment."""
+    brief = {"verdict": "WARN", "gpus": [{"index": 0, "serial": "1792525000000", "pci_bus_id": "0000:18:00.0",
+                                          "verdict": "WARN", "findings": ["pcie_gen_degraded"], "accepted": []}],
+             "node_findings": [], "summary": ["GPU health WARN over 1 GPU(s)"]}
+    warned = build(facts(host=dict(facts()["host"], gpu_health=brief)), now="t")
+    plain = build(now="t")
+    assert warned["host"]["gpu_health"] == brief and plain["host"]["gpu_health"] is None
+    assert warned["manifest_sha256"] == plain["manifest_sha256"] and nm.compare(warned, plain) == []
+    assert build(facts(host=dict(facts()["host"], gpu_health="")), now="t")["host"]["gpu_health"] is None
+
+
 def test_the_input_order_does_not_change_the_file() -> None:
     shuffled = {k: facts()[k] for k in reversed(list(facts()))}
     shuffled["model_file_sha256"] = dict(reversed(list(facts()["model_file_sha256"].items())))

@@ -195,3 +195,30 @@ def test_random_omissions_never_crash(data: st.DataObject) -> None:
         assert gpu["verdict"] in (gh.PASS, gh.WARN, gh.FAIL)
         if gpu["pci_bus_id"] == "0000:28:00.0":
             assert gpu["verdict"] == gh.FAIL, "the Xid 94 of GPU 1 is in the kernel log whatever nvidia-smi says"
+
+
+def test_summary_names_each_finding_and_marks_the_accepted_ones() -> None:
+    report = gh.evaluate(read("rtx-pro-6000-thermal.xml"), read("kern-clean.log"),
+                         accepted=["sw_thermal_slowdown"])
+    lines = gh.summary_lines(report)
+    assert lines[0] == "GPU health FAIL over 2 GPU(s)"
+    assert ("GPU 1 (serial 1792525000001, bus 0000:28:00.0): WARN SW thermal slowdown is active (the driver lowers "
+            "clocks to stay under the maximum operating temperature) [sw_thermal_slowdown] (accepted)") in lines
+    assert any(line.startswith("GPU 1 (serial 1792525000001, bus 0000:28:00.0): FAIL HW thermal slowdown")
+               for line in lines)
+    assert len(lines) == 1 + sum(len(g["findings"]) for g in report["gpus"]) + len(report["node_findings"])
+    assert gh.summary_lines(gh.evaluate(read("h100-healthy.xml"), read("kern-clean.log"))) == [
+        "GPU health PASS over 2 GPU(s)"]
+
+
+def test_brief_keeps_identity_verdicts_and_codes() -> None:
+    report = gh.evaluate(read("rtx-pro-6000-gen-loaded.xml"), read("kern-clean.log"))
+    brief = gh.brief(report)
+    assert brief["verdict"] == "WARN"
+    assert brief["gpus"][1] == {"index": 1, "serial": "1792525000001", "pci_bus_id": "0000:28:00.0",
+                                "verdict": "WARN", "findings": ["pcie_gen_degraded"], "accepted": []}
+    accepted = gh.brief(gh.evaluate(read("rtx-pro-6000-gen-loaded.xml"), read("kern-clean.log"),
+                                    accepted=["pcie_gen_degraded"]))
+    assert accepted["verdict"] == "PASS"
+    assert accepted["gpus"][1]["findings"] == [] and accepted["gpus"][1]["accepted"] == ["pcie_gen_degraded"]
+    assert brief["summary"] == gh.summary_lines(report)

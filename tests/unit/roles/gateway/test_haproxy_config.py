@@ -1,0 +1,76 @@
+"""The gateway's haproxy.cfg (roles/gateway/templates/etc/haproxy/haproxy.cfg.j2) rendered as Ansible renders it: a
+backend with an agent_port gets HAProxy's agent-check on that port (the node's GPU watch), one without gets none, and
+the file passes `haproxy -c` where HAProxy is installed."""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import pytest
+import yaml
+
+from repo_root import ROOT
+
+TEMPLATE = ROOT / "roles/gateway/templates/etc/haproxy/haproxy.cfg.j2"
+DEFAULTS = yaml.safe_load((ROOT / "roles/gateway/defaults/main.yml").read_text())
+
+
+def render(backends: list[dict[str, Any]], tmp_path: Path, **overrides: Any) -> str:
+    """The template with the role's defaults, Ansible's trim_blocks, and the filters it uses."""
+    env = jinja2.Environment(trim_blocks=True, undefined=jinja2.StrictUndefined)
+    env.filters["regex_replace"] = lambda value, pattern, repl: re.sub(pattern, repl, str(value))
+    env.filters["comment"] = lambda text: "# " + str(text)
+    values = {**DEFAULTS, "ansible_managed": "managed", "__gateway_backends": backends,
+              "__gateway_pem_path": str(tmp_path / "gateway.pem"), "__gateway_keys_path": str(tmp_path / "keys"),
+              "__gateway_runtime_socket": str(tmp_path / "gateway.sock"), **overrides}
+    return env.from_string(TEMPLATE.read_text()).render(**values)
+
+
+def server_lines(config: str, backend: str = "vllm") -> list[str]:
+    """The server lines of one backend section."""
+    section = config.split(f"\nbackend {backend}\n", 1)[1].split("\nbackend ", 1)[0]
+    return [line.strip() for line in section.splitlines() if line.strip().startswith("server ")]
+
+
+FLEET = [{"name": "fleet-node1", "address": "10.212.12.11", "port": 8000, "agent_port": 8021},
+         {"name": "fleet-node2", "address": "10.212.12.12", "port": 8000, "agent_port": 8021},
+         {"name": "old node", "address": "fd00::5", "port": 8000}]
+
+
+def test_backends_with_an_agent_port_get_the_agent_check(tmp_path: Path) -> None:
+    lines = server_lines(render(FLEET, tmp_path, gateway_agent_interval=3))
+    assert lines == [
+        "server fleet-node1 10.212.12.11:8000 agent-check agent-port 8021 agent-inter 3s",
+        "server fleet-node2 10.212.12.12:8000 agent-check agent-port 8021 agent-inter 3s",
+        "server old_node [fd00::5]:8000",
+    ]
+    # the affinity backend's servers track these, agent verdict included
+    assert server_lines(render(FLEET, tmp_path), "vllm_affinity") == [
+        "server fleet-node1 10.212.12.11:8000 track vllm/fleet-node1",
+        "server fleet-node2 10.212.12.12:8000 track vllm/fleet-node2",
+        "server old_node [fd00::5]:8000 track vllm/old_node",
+    ]
+
+
+def test_the_single_node_default_without_an_agent_gets_none(tmp_path: Path) -> None:
+    config = render([{"name": "node", "address": "127.0.0.1", "port": 8000, "agent_port": None}], tmp_path)
+    assert server_lines(config) == ["server node 127.0.0.1:8000"]
+    assert "agent-check" not in config.split("backend vllm", 1)[1].split("# A backend with an agent_port")[0]
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None or shutil.which("openssl") is None,
+                    reason="needs haproxy and openssl")
+def test_haproxy_accepts_the_rendered_file(tmp_path: Path) -> None:
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gateway", "-days", "1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    (tmp_path / "gateway.pem").write_text(cert.read_text() + key.read_text())
+    (tmp_path / "keys").write_text("sk-test\n")
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(render(FLEET, tmp_path, gateway_listen_address="127.0.0.1", gateway_port=18443))
+    proc = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
