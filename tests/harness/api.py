@@ -7,6 +7,7 @@ import json
 import shlex
 import ssl
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,9 +83,12 @@ class Gateway:
 
     def chat_once(self, api_key: str, model: str, stream: bool, max_tokens: int = 8,
                   content: str = "Count to five.", timeout: float = 120) -> str:
-        """One chat completion, checked: '' when it succeeded, else why not (any status but 200, a connection
-        error, an incomplete answer: no [DONE], an error event, not the requested number of tokens)."""
-        body = chat(model, max_tokens, content, stream=stream)
+        """One chat completion of exactly `max_tokens` tokens (ignore_eos), checked: '' when it succeeded, else why
+        not (any status but 200, a connection error, an incomplete answer: no [DONE], an error event, not the
+        requested number of tokens; a stream reports its usage in its last event). `timeout` bounds each wait on
+        the socket: a non-streamed answer comes whole, after the last token."""
+        extra = {"stream": True, "stream_options": {"include_usage": True}} if stream else {"stream": False}
+        body = chat(model, max_tokens, content, **extra)
         conn = self.connection(timeout)
         try:
             conn.request("POST", "/v1/chat/completions", body=json.dumps(body),
@@ -94,19 +98,32 @@ class Gateway:
                 return f"status {response.status}: {response.read()[:200]!r}"
             if not stream:
                 answer = json.loads(response.read())
-                tokens = answer.get("usage", {}).get("completion_tokens")
-                return "" if tokens == max_tokens else f"{tokens} tokens instead of {max_tokens}: {str(answer)[:200]}"
-            events, done = 0, False
-            while line := response.readline():
-                if line.strip() == b"data: [DONE]":
-                    done = True
-                    break
-                if line.startswith(b"data: "):
-                    if b'"error"' in line:
-                        return f"error event: {line[:200]!r}"
-                    events += 1
-            return "" if done and events > 0 else f"stream ended without [DONE] after {events} events"
+                return tokens_check(answer.get("usage"), max_tokens, answer)
+            return stream_check(iter(response.readline, b""), max_tokens)
         except (OSError, http.client.HTTPException, ValueError) as err:
             return f"{type(err).__name__}: {err}"
         finally:
             conn.close()
+
+
+def tokens_check(usage: dict[str, Any] | None, max_tokens: int, answer: Any) -> str:
+    """'' when the usage counts `max_tokens` completion tokens, else what it counts."""
+    tokens = (usage or {}).get("completion_tokens")
+    return "" if tokens == max_tokens else f"{tokens} tokens instead of {max_tokens}: {str(answer)[:200]}"
+
+
+def stream_check(lines: Iterable[bytes], max_tokens: int) -> str:
+    """Reads a chat completion's event stream line by line: '' when it ended with [DONE] after content events and
+    its usage event counts `max_tokens`, else why not."""
+    events, usage, last = 0, None, b""
+    for line in lines:
+        if line.strip() == b"data: [DONE]":
+            return (tokens_check(usage, max_tokens, last) if events
+                    else "stream ended with [DONE] before any content event")
+        if line.startswith(b"data: "):
+            event = json.loads(line[6:])
+            if "error" in event:
+                return f"error event: {line[:200]!r}"
+            events += bool(event.get("choices"))
+            usage, last = event.get("usage") or usage, line[:200]
+    return f"stream ended without [DONE] after {events} events"

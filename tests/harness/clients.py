@@ -1,11 +1,13 @@
-"""A bounded client loop: requests one after another, streamed and not in turn, until stopped or bounded, with
-its accounting (sent, streamed, failed, durations)."""
+"""A bounded client loop: concurrent clients, each sending requests of its kind one after another (streamed and not
+in turn, a think time in between), until stopped or bounded, with a record of every request (kind, streamed, start and
+end epoch, duration, status) and its accounting (per kind: sent, failed, durations; what was in flight at a moment)."""
 from __future__ import annotations
 
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 
@@ -18,52 +20,141 @@ def duration_summary(durations: list[float]) -> dict[str, float]:
             "p99": round(d[int(len(d) * 0.99) - 1 if len(d) > 1 else 0], 3), "max": round(d[-1], 3)}
 
 
-class ClientLoop(threading.Thread):
-    """Calls `request(stream)` (it returns '' on success, else why not) one after another, streamed on every
-    second request, until stop() or a bound (`max_requests`, `max_seconds`), pausing `pause` seconds in between."""
+@dataclass(frozen=True)
+class Client:
+    """One client of the loop: the kind of request it sends (passed to the request function), how long it waits
+    between two of its requests (`think`, seconds) and after the loop starts (`delay`)."""
 
-    def __init__(self, request: Callable[[bool], str], max_requests: int, max_seconds: float,
-                 pause: float = 0.1) -> None:
-        super().__init__(daemon=True)
-        self.request, self.max_requests, self.max_seconds, self.pause = request, max_requests, max_seconds, pause
+    kind: str = "short"
+    think: float = 0.1
+    delay: float = 0.0
+
+
+@dataclass
+class Record:
+    """One request: its kind, streamed or not, start and end (epoch seconds; end 0 while in flight), duration
+    (seconds, monotonic) and status ('ok', else why it failed)."""
+
+    kind: str
+    stream: bool
+    start: float
+    end: float = 0.0
+    duration: float = 0.0
+    status: str = ""
+
+    @property
+    def label(self) -> str:
+        """kind and whether streamed: 'short-stream', 'long-plain', ..."""
+        return f"{self.kind}-{'stream' if self.stream else 'plain'}"
+
+    def in_flight(self, at: float) -> bool:
+        """Whether the request had started and not ended at epoch `at` (an unended one is in flight from its start)."""
+        return self.start <= at and (self.end == 0.0 or at < self.end)
+
+
+def in_flight(records: Sequence[Record], at: float) -> dict[str, int]:
+    """How many requests were in flight at epoch `at`: in all ('all') and per kind."""
+    out: dict[str, int] = {"all": 0}
+    for record in records:
+        if record.in_flight(at):
+            out["all"] += 1
+            out[record.kind] = out.get(record.kind, 0) + 1
+    return out
+
+
+def per_label(records: Sequence[Record]) -> dict[str, dict[str, Any]]:
+    """Per kind and kind-stream/plain label, over ended requests: sent, failed and their durations' summary."""
+    groups: dict[str, list[Record]] = {}
+    for record in records:
+        if record.end:
+            for key in (record.kind, record.label):
+                groups.setdefault(key, []).append(record)
+    return {key: {"sent": len(group), "failed": sum(r.status != "ok" for r in group),
+                  "duration_s": duration_summary([r.duration for r in group])}
+            for key, group in sorted(groups.items())}
+
+
+class ClientLoop:
+    """Runs `clients` side by side, each a thread calling `request(kind, stream)` (it returns '' on success, else
+    why not) one request after another, streamed on every second one (clients in turn start streamed or not), until
+    stop() or a bound: `max_requests` sent by the loop in all, `max_seconds` since start()."""
+
+    def __init__(self, request: Callable[[str, bool], str], max_requests: int, max_seconds: float,
+                 clients: Sequence[Client] = (Client(),)) -> None:
+        self.request, self.max_requests, self.max_seconds = request, max_requests, max_seconds
+        self.clients = list(clients)
         self.halt = threading.Event()
-        self.sent = self.streamed = 0
-        self.durations: list[float] = []
-        self.failures: list[dict[str, Any]] = []
-        self.first = self.last = 0.0
+        self.lock = threading.Lock()
+        self.records: list[Record] = []
+        self.threads = [threading.Thread(target=self.client, args=(i, c), daemon=True)
+                        for i, c in enumerate(self.clients)]
+        self.cpu_s = 0.0       # the client threads' own CPU time (time.thread_time), summed when each ends
+        self.started = self.first = 0.0
 
-    def bounded(self, started: float) -> bool:
-        """Whether the loop must end now (stopped, or a bound reached)."""
-        return (self.halt.is_set() or self.sent >= self.max_requests
-                or time.monotonic() - started >= self.max_seconds)
+    def claim(self) -> bool:
+        """Whether one more request may be sent now (not stopped, no bound reached)."""
+        return not (self.halt.is_set() or len(self.records) >= self.max_requests
+                    or time.monotonic() - self.started >= self.max_seconds)
 
-    def once(self) -> None:
-        """One request, accounted."""
-        stream = self.sent % 2 == 1
+    def once(self, kind: str, stream: bool) -> None:
+        """One request, recorded from its start (in flight) to its end."""
+        with self.lock:
+            if not self.claim():
+                self.halt.set()
+                return
+            record = Record(kind, stream, time.time())
+            self.records.append(record)
         t0 = time.monotonic()
-        why = self.request(stream)
-        self.durations.append(time.monotonic() - t0)
-        self.sent += 1
-        self.streamed += stream
-        if why:
-            self.failures.append({"at": round(time.time(), 3), "stream": stream, "error": why})
-        self.last = time.time()
+        why = self.request(kind, stream)
+        record.duration = time.monotonic() - t0
+        record.status = why or "ok"
+        record.end = time.time()
 
-    def run(self) -> None:
-        self.first = time.time()
-        started = time.monotonic()
-        while not self.bounded(started):
-            self.once()
-            time.sleep(self.pause)  # leave the shared cores some room for what the loop runs beside
+    def client(self, index: int, client: Client) -> None:
+        """One client's requests: after its delay, one after another with its think time in between."""
+        n = 0
+        if not self.halt.wait(client.delay):
+            while not self.halt.is_set():
+                self.once(client.kind, (n + index) % 2 == 1)
+                n += 1
+                self.halt.wait(client.think)  # leaves the shared cores room; returns at once on stop()
+        with self.lock:
+            self.cpu_s += time.thread_time()
+
+    def start(self) -> None:
+        self.first, self.started = time.time(), time.monotonic()
+        for thread in self.threads:
+            thread.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds in all) until every client has ended."""
+        deadline = time.monotonic() + timeout
+        for thread in self.threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def is_alive(self) -> bool:
+        return any(thread.is_alive() for thread in self.threads)
+
+    def in_flight(self, at: float) -> dict[str, int]:
+        """Requests in flight at epoch `at`, in all and per kind."""
+        with self.lock:
+            return in_flight(list(self.records), at)
 
     def counts(self) -> dict[str, Any]:
-        """The accounting so far: sent, streamed, failed (the first 20 failures), first/last epoch, durations."""
-        return {"sent": self.sent, "streamed": self.streamed, "failed": len(self.failures),
-                "failures": self.failures[:20], "first": round(self.first, 3), "last": round(self.last, 3),
-                "duration_s": duration_summary(self.durations)}
+        """The accounting so far: sent, streamed, failed (the first 20 failures), first/last epoch, durations, per
+        kind and label (per_label), the clients and their CPU seconds."""
+        with self.lock:
+            records = list(self.records)
+        ended = [r for r in records if r.end]
+        failures = [asdict(r) for r in ended if r.status != "ok"]
+        return {"sent": len(records), "streamed": sum(r.stream for r in records), "failed": len(failures),
+                "failures": failures[:20], "first": round(self.first, 3),
+                "last": round(max((r.end for r in ended), default=0.0), 3),
+                "duration_s": duration_summary([r.duration for r in ended]), "kinds": per_label(records),
+                "clients": [asdict(c) for c in self.clients], "client_cpu_s": round(self.cpu_s, 2)}
 
     def stop(self, timeout: float = 180) -> dict[str, Any]:
-        """Stop the loop (the request in flight ends first) and return counts()."""
+        """Stop the loop (the requests in flight end first) and return counts()."""
         self.halt.set()
-        self.join(timeout=timeout)
+        self.join(timeout)
         return self.counts()

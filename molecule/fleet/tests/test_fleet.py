@@ -5,14 +5,18 @@ nodes and, where it matters, a client loop sending chat completions through the 
 The sequence (file order; pytest -x, each step starts from the state the one before left):
   01 the converge left both nodes on 0.31.0 behind the gateway, both UP in HAProxy
   02 from outside the fleet network (fleet-client, on the front network only) only the gateway's port answers
-  03 rollout to vLLM 0.32.0 under the client loop: 0 failed requests, both nodes on 0.32.0, one restart each
+  03 rollout to vLLM 0.32.0 under the client loop: 0 failed requests, both nodes on 0.32.0, one restart each, a
+     long generation in flight when each node's drain began
   04 the same rollout again: no restart (MainPID unchanged), no drain, both reports "unchanged"
-  05 a serving flag change (max-model-len halved) with a flag vLLM refuses on the second node only, under the client
-     loop: the first node serves the change, the second is rolled back and serving, the play fails naming it and
-     the cause, 0 failed requests
-Measurements go to artifacts/fleet/measurements.json (per step: seconds, client counts and durations, each node's
-drain wait, time out of the pool, stop and start seconds); each run's output to artifacts/fleet/<step>.log, the
-client loop's counts to artifacts/fleet/client-<step>.json.
+  05 a serving flag change (max-model-len lowered by a quarter) with a flag vLLM refuses on the second node only,
+     under the client loop: the first node serves the change, the second is rolled back and serving, the play fails
+     naming it and the cause, 0 failed requests, a long generation in flight when each drain began
+The client loop (steps 03 and 05): 8 concurrent clients through the gateway, streamed and not in turn. Six send short
+completions with a think time between two; two send long generations (as many tokens as the smallest max-model-len
+in force leaves, ignore_eos) back to back, the second started later, so about two are in flight at any time.
+Measurements go to artifacts/fleet/measurements.json (per step: seconds, client counts and p50/p99 per kind, each
+node's drain start, wait and what was in flight then, time out of the pool, stop and start seconds); each run's output
+to artifacts/fleet/<step>.log, the client loop's counts and every request to artifacts/fleet/client-<step>.json.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import pytest
 import yaml
 
 from harness import api, playbook
-from harness.clients import ClientLoop
+from harness.clients import Client, ClientLoop
 from harness.figures import Figures
 from harness.project import PROJECT, machine
 from harness.unit import restarts, stop_start_seconds, witness
@@ -51,6 +55,14 @@ BAD_FLAG = "--rollout-test-unknown-flag"
 # The client loop's bounds: it stops when the step's run ends, or at these.
 CLIENT_MAX_REQUESTS = 20000
 CLIENT_MAX_SECONDS = 3600
+# Its clients: short completions with a think time (the shared cores' room: the CI machine runs three other lanes
+# beside this one), and long generations back to back, the second client started LONG_STAGGER s after the first.
+SHORT_TOKENS, SHORT_CLIENTS, SHORT_THINK = 8, 6, 2.0
+LONG_CLIENTS, LONG_THINK, LONG_STAGGER = 2, 1.0, 10.0
+LONG_TIMEOUT = 900        # seconds a long generation's socket may wait (a non-streamed answer comes whole at the end)
+PROMPT_MARGIN = 128       # tokens of max-model-len left for the prompt and the chat template
+DRAIN_TIMEOUT = yaml.safe_load((PROJECT / "roles" / "rollout" / "defaults" / "main.yml").read_text())[
+    "rollout_drain_timeout"]
 
 testinfra_hosts = [f"ansible://{NODES[0]}"]
 
@@ -105,23 +117,61 @@ def report(name: str) -> dict[str, Any]:
     return json.loads((PROJECT / "artifacts" / "rollout" / f"{name}.json").read_text())
 
 
-def client_loop(model: str) -> ClientLoop:
-    """Chat completions through the gateway (8 tokens, streamed and not in turn), bounded."""
-    return ClientLoop(lambda stream: FRONT.chat_once(KEY, model, stream), CLIENT_MAX_REQUESTS, CLIENT_MAX_SECONDS)
+def client_loop(model: str, long_tokens: int) -> ClientLoop:
+    """Chat completions through the gateway, bounded: SHORT_CLIENTS clients of SHORT_TOKENS tokens and LONG_CLIENTS
+    of `long_tokens` (ignore_eos), streamed and not in turn."""
+    tokens = {"short": SHORT_TOKENS, "long": long_tokens}
+
+    def request(kind: str, stream: bool) -> str:
+        return FRONT.chat_once(KEY, model, stream, tokens[kind], timeout=LONG_TIMEOUT if kind == "long" else 120)
+
+    clients = ([Client("long", LONG_THINK, i * LONG_STAGGER) for i in range(LONG_CLIENTS)]
+               + [Client("short", SHORT_THINK, 0.25 * i) for i in range(SHORT_CLIENTS)])
+    return ClientLoop(request, CLIENT_MAX_REQUESTS, CLIENT_MAX_SECONDS, clients)
 
 
-def under_load(step: str, extra_vars: dict[str, Any], model: str) -> tuple[int, str, float, dict[str, Any]]:
-    """A rollout with the client loop running from before it starts until after it ends."""
-    client = client_loop(model)
+def under_load(step: str, extra_vars: dict[str, Any], model: str,
+               long_tokens: int) -> tuple[int, str, float, dict[str, Any], ClientLoop]:
+    """A rollout with the client loop running from before it starts until after it ends (its requests in flight
+    then included)."""
+    client = client_loop(model, long_tokens)
     client.start()
     time.sleep(5)  # requests in flight before the first drain
     try:
         rc, output, seconds = rollout(step, extra_vars)
         time.sleep(5)  # and after the last node is back
     finally:
-        counts = client.stop()
-    (ARTIFACTS / f"client-{step}.json").write_text(json.dumps(counts, indent=2) + "\n")
-    return rc, output, seconds, counts
+        counts = client.stop(timeout=LONG_TIMEOUT)
+    (ARTIFACTS / f"client-{step}.json").write_text(json.dumps(
+        dict(counts, requests=[vars(r) for r in client.records]), indent=1) + "\n")
+    return rc, output, seconds, counts, client
+
+
+def drain_figures(client: ClientLoop, reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per node that was drained: the drain's start (epoch, its rollout report), its wait until the node ran no
+    request, what was left then, and how many requests (all, long) the client loop had in flight at its start."""
+    out = {}
+    for name, rep in reports.items():
+        if "drain" in rep["times"]:
+            at = float(rep["times"]["drain"])
+            flight = client.in_flight(at)
+            out[name] = {"drain_start": round(at, 3), "drain_wait_s": rep["seconds"]["drain_wait"],
+                         "requests_left": rep["drain"]["requests_left"], "in_flight": flight["all"],
+                         "long_in_flight": flight.get("long", 0)}
+    return out
+
+
+def check_load(client: dict[str, Any], drains: dict[str, dict[str, Any]]) -> None:
+    """0 failed requests, both kinds sent, every node drained with a long generation in flight at its drain's
+    start and empty before rollout_drain_timeout, which no long generation reaches."""
+    assert client["failed"] == 0, client["failures"]
+    assert client["kinds"].get("short", {}).get("sent") and client["kinds"].get("long", {}).get("sent"), client
+    assert sorted(drains) == NODES, drains
+    for name, drain in drains.items():
+        assert drain["long_in_flight"] >= 1, f"{name}: no long generation in flight when its drain began: {drain}"
+        assert int(drain["requests_left"]) == 0 and drain["drain_wait_s"] < DRAIN_TIMEOUT, (name, drain)
+    longest = client["kinds"]["long"]["duration_s"]["max"]
+    assert longest < DRAIN_TIMEOUT, f"a long generation took {longest} s, rollout_drain_timeout is {DRAIN_TIMEOUT}"
 
 
 @pytest.fixture(scope="module")
@@ -185,22 +235,23 @@ def test_03_rollout_to_0_32_0_under_load(model):
     before = {name: witness(machine(name)) for name in NODES}
     gateway_clock = machine(GATEWAY).check_output("date +%s").strip()
     stot_before = gateway_servers()
-    rc, output, seconds, client = under_load("03-rollout-0.32.0", STATE["vars"], model)
+    long_tokens = min(served(name)["max_model_len"] for name in NODES) - PROMPT_MARGIN
+    rc, output, seconds, client, loop = under_load("03-rollout-0.32.0", STATE["vars"], model, long_tokens)
     after = {name: witness(machine(name)) for name in NODES}
     stot_after = gateway_servers()
     drains = haproxy_log_since(gateway_clock)
     reports = {name: report(name) for name in NODES}
+    drained = drain_figures(loop, reports)
     FIGURES.record("03-rollout-0.32.0", dict(
-        rc=rc, seconds=round(seconds, 1), client=client,
+        rc=rc, seconds=round(seconds, 1), long_tokens=long_tokens, client=client,
         nodes={name: {"restarts": restarts(machine(name), before[name]), **stop_start_seconds(after[name]),
-                      "drain_wait_s": reports[name]["seconds"]["drain_wait"],
+                      "drain": drained.get(name),
                       "out_of_pool_s": reports[name]["seconds"]["out_of_pool"],
-                      "requests_left_at_drain": reports[name]["drain"]["requests_left"],
                       "gateway_requests": int(stot_after[name]["stot"]) - int(stot_before[name]["stot"])}
                for name in NODES},
         haproxy_log=drains[:12]))
     assert rc == 0, f"rollout failed; see {ARTIFACTS / '03-rollout-0.32.0.log'}\n{output[-3000:]}"
-    assert client["sent"] > 0 and client["failed"] == 0, client["failures"]
+    check_load(client, drained)
     for name in NODES:
         assert served(name)["version"] == "0.32.0"
         assert restarts(machine(name), before[name]) == 1, name
@@ -233,27 +284,32 @@ def test_04_a_rollout_that_changes_nothing_restarts_and_drains_nothing():
 
 
 def test_05_a_node_that_fails_is_rolled_back_and_the_play_stops_naming_it(model):
-    """max-model-len halved on the fleet; the second node also gets a flag vLLM refuses. The first node serves the
-    change, the second fails to start, is rolled back (serving its previous configuration) and put back."""
+    """max-model-len lowered by a quarter on the fleet; the second node also gets a flag vLLM refuses. The first node
+    serves the change, the second fails to start, is rolled back (serving its previous configuration) and put back.
+    The long generations fit the lower max-model-len (the first node serves it while the loop runs)."""
     before_len = served(NODES[1])["max_model_len"]
-    change = {"vllm_node_max_model_len": before_len // 2}
+    lower = before_len - before_len // 4
+    change = {"vllm_node_max_model_len": lower}
     once = {"vllm_node_extra_args": "{{ ['" + BAD_FLAG + "'] if inventory_hostname == '" + NODES[1] + "' else [] }}"}
     before = {name: witness(machine(name)) for name in NODES}
-    rc, output, seconds, client = under_load("05-failure-on-node2", dict(STATE["vars"], **change, **once), model)
+    rc, output, seconds, client, loop = under_load("05-failure-on-node2", dict(STATE["vars"], **change, **once), model,
+                                                   lower - PROMPT_MARGIN)
     after = {name: witness(machine(name)) for name in NODES}
     reports = {name: report(name) for name in NODES}
+    drained = drain_figures(loop, reports)
     first, second = served(NODES[0]), served(NODES[1])
     FIGURES.record("05-failure-on-node2", dict(
-        rc=rc, seconds=round(seconds, 1), client=client,
+        rc=rc, seconds=round(seconds, 1), long_tokens=lower - PROMPT_MARGIN, client=client,
         nodes={name: {"restarts": restarts(machine(name), before[name]), **stop_start_seconds(after[name]),
                       "outcome": reports[name]["outcome"], "cause": reports[name]["cause"][:300],
-                      "out_of_pool_s": reports[name]["seconds"]["out_of_pool"]} for name in NODES},
+                      "drain": drained.get(name), "out_of_pool_s": reports[name]["seconds"]["out_of_pool"]}
+               for name in NODES},
         served={NODES[0]: first["max_model_len"], NODES[1]: second["max_model_len"]}))
     assert rc != 0, "the rollout passed with a node that cannot start"
     assert f"Rollout stopped at {NODES[1]}" in output
     assert f"unrecognized arguments: {BAD_FLAG}" in output, "the cause is not named"
-    assert client["sent"] > 0 and client["failed"] == 0, client["failures"]
-    assert first["max_model_len"] == before_len // 2 and restarts(machine(NODES[0]), before[NODES[0]]) == 1
+    check_load(client, drained)
+    assert first["max_model_len"] == lower and restarts(machine(NODES[0]), before[NODES[0]]) == 1
     assert second["max_model_len"] == before_len and second["version"] == "0.32.0"
     assert reports[NODES[1]]["outcome"] == "failed" and BAD_FLAG in reports[NODES[1]]["cause"]
     assert BAD_FLAG not in machine(NODES[1]).file("/etc/systemd/system/vllm.service").content_string

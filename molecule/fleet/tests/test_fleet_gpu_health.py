@@ -109,7 +109,7 @@ def test_06_an_xid_takes_the_node_out_by_itself_and_it_comes_back(served_model, 
     assert agent_answer(SICK) == "up" and agent_answer(HEALTHY) == "up"
     config = machine(GATEWAY).file("/etc/haproxy/haproxy.cfg").content_string
     assert f"agent-check agent-port {BACKENDS[SICK]['agent_port']}" in config
-    client = ClientLoop(lambda stream: FRONT.chat_once(KEY, served_model, stream), 20000, 900)
+    client = ClientLoop(lambda _kind, stream: FRONT.chat_once(KEY, served_model, stream), 20000, 900)
     client.start()
     try:
         time.sleep(5)  # requests in flight on both nodes before the fault

@@ -10,12 +10,13 @@ from __future__ import annotations
 import ast
 import json
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from harness import clients, node, playbook, unit
+from harness import api, clients, node, playbook, unit
 from harness.figures import Figures
 from repo_root import ROOT
 
@@ -197,34 +198,96 @@ def test_figures_keep_each_name_once_and_print_it(tmp_path: Path, capsys: pytest
 
 
 def test_the_client_loop_alternates_counts_and_stops_at_its_bound():
-    asked: list[bool] = []
+    asked: list[tuple[str, bool]] = []
 
-    def request(stream: bool) -> str:
-        asked.append(stream)
+    def request(kind: str, stream: bool) -> str:
+        asked.append((kind, stream))
         return "status 503: b''" if len(asked) == 3 else ""
 
-    loop = clients.ClientLoop(request, max_requests=5, max_seconds=60, pause=0)
+    loop = clients.ClientLoop(request, max_requests=5, max_seconds=60, clients=[clients.Client("short", think=0)])
     loop.start()
     loop.join(timeout=30)
     counts = loop.counts()
-    assert asked == [False, True, False, True, False]
+    assert asked == [("short", False), ("short", True), ("short", False), ("short", True), ("short", False)]
     assert (counts["sent"], counts["streamed"], counts["failed"]) == (5, 2, 1)
-    assert counts["failures"][0]["error"] == "status 503: b''" and counts["failures"][0]["stream"] is False
+    assert counts["failures"][0]["status"] == "status 503: b''" and counts["failures"][0]["stream"] is False
     assert counts["first"] <= counts["last"] and set(counts["duration_s"]) == {"min", "p50", "p99", "max"}
+    assert counts["kinds"]["short"]["sent"] == 5 and counts["kinds"]["short-stream"] == {
+        "sent": 2, "failed": 0, "duration_s": counts["kinds"]["short-stream"]["duration_s"]}
+    assert counts["kinds"]["short-plain"]["failed"] == 1 and not loop.is_alive()
+
+
+def test_the_client_loop_runs_its_clients_side_by_side_and_knows_what_was_in_flight():
+    release = threading.Event()
+    started = threading.Barrier(3, timeout=10)
+
+    def request(kind: str, stream: bool) -> str:
+        if kind == "long":
+            started.wait()
+            release.wait(10)
+        else:
+            time.sleep(0.01)
+        return ""
+
+    loop = clients.ClientLoop(request, max_requests=10_000, max_seconds=600,
+                              clients=[clients.Client("long", 0), clients.Client("long", 0),
+                                       clients.Client("short", 0)])
+    loop.start()
+    started.wait()                  # both long requests in flight
+    time.sleep(0.1)
+    at = time.time()
+    assert loop.in_flight(at)["long"] == 2 and loop.in_flight(at)["all"] in (2, 3)
+    release.set()
+    counts = loop.stop(timeout=30)
+    assert not loop.is_alive() and counts["failed"] == 0 and counts["kinds"]["long"]["sent"] >= 2
+    assert {r.stream for r in loop.records if r.kind == "long"} == {False, True}   # the clients start in turn
+    assert loop.in_flight(at)["long"] == 2 and loop.in_flight(time.time()) == {"all": 0}
+    assert counts["client_cpu_s"] >= 0 and len(counts["clients"]) == 3
 
 
 def test_the_client_loop_stops_when_told():
     release = threading.Event()
 
-    def request(stream: bool) -> str:
+    def request(kind: str, stream: bool) -> str:
         release.wait(5)
         return ""
 
-    loop = clients.ClientLoop(request, max_requests=10_000, max_seconds=600, pause=0)
+    loop = clients.ClientLoop(request, max_requests=10_000, max_seconds=600, clients=[clients.Client(think=0)])
     loop.start()
     release.set()
     counts = loop.stop(timeout=30)
     assert not loop.is_alive() and 1 <= counts["sent"] < 10_000 and counts["failed"] == 0
+
+
+def test_in_flight_counts_what_started_and_had_not_ended():
+    records = [clients.Record("long", False, 10.0, 40.0), clients.Record("short", True, 19.0, 20.0),
+               clients.Record("short", False, 20.0), clients.Record("long", True, 25.0)]
+    assert clients.in_flight(records, 20.0) == {"all": 2, "long": 1, "short": 1}
+    assert clients.in_flight(records, 30.0) == {"all": 3, "long": 2, "short": 1}
+    assert clients.in_flight(records, 5.0) == {"all": 0}
+
+
+def test_per_label_summarises_ended_requests_per_kind_and_stream():
+    records = [clients.Record("long", False, 0, 30, 30.0, "ok"), clients.Record("long", True, 0, 20, 20.0, "ok"),
+               clients.Record("short", True, 0, 1, 1.0, "status 502"), clients.Record("short", False, 5)]
+    out = clients.per_label(records)
+    assert sorted(out) == ["long", "long-plain", "long-stream", "short", "short-stream"]
+    assert out["long"]["sent"] == 2 and out["long"]["duration_s"]["max"] == 30.0
+    assert out["short"] == {"sent": 1, "failed": 1, "duration_s": {"min": 1.0, "p50": 1.0, "p99": 1.0, "max": 1.0}}
+
+
+def test_a_stream_is_checked_to_its_end_and_its_token_count():
+    def events(*data: str) -> list[bytes]:
+        return [f"data: {d}\n".encode() for d in data] + [b"\n"]
+
+    chunk = json.dumps({"choices": [{"delta": {"content": "a"}}]})
+    usage = json.dumps({"choices": [], "usage": {"completion_tokens": 2}})
+    assert api.stream_check(events(chunk, chunk, usage, "[DONE]"), 2) == ""
+    assert api.stream_check(events(chunk, usage, "[DONE]"), 3).startswith("2 tokens instead of 3")
+    assert api.stream_check(events(chunk, chunk), 2) == "stream ended without [DONE] after 2 events"
+    assert api.stream_check(events(json.dumps({"error": {"message": "x"}})), 2).startswith("error event")
+    assert api.stream_check(events("[DONE]"), 2) == "stream ended with [DONE] before any content event"
+    assert api.tokens_check({"completion_tokens": 8}, 8, {}) == ""
 
 
 def test_duration_summary():
