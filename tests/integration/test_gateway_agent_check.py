@@ -18,14 +18,9 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_watch, haproxy_stat
+from harness.backends import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Health(http.server.BaseHTTPRequestHandler):
