@@ -32,10 +32,11 @@ bash scripts/gpu-probe.sh /out   # what make gpu-probe runs (the image has no ma
 
 
 def carried() -> bytes:
-    """The checkout (tracked and new files, as git lists them) and the probe's wheels, as one tar."""
+    """The checkout (tracked and new files, as git lists them; links as links: collections/ is the link stub that
+    makes the checkout the collection) and the probe's wheels, as one tar."""
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
                             capture_output=True).stdout.decode().split("\0")
-    names = [n for n in listed if n and (ROOT / n).is_file() and not (ROOT / n).is_symlink()]
+    names = [n for n in listed if n and ((ROOT / n).is_file() or (ROOT / n).is_symlink())]
     names += [str(p.relative_to(ROOT)) for p in sorted(WHEELS.glob("*.whl"))]
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as tar:

@@ -68,7 +68,9 @@ def simulated_node(tmp_path_factory: pytest.TempPathFactory) -> Path:
     inventory = tmp_path_factory.mktemp("inventory") / "hosts.yml"
     inventory.write_text(json.dumps({"vllm_nodes": {"hosts": {"gpu-node": {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
-        "node_facts_nvidia_smi": str(GPU_NODE / "nvidia-smi"), "node_facts_lspci": str(GPU_NODE / "lspci")}}}}))
+        "node_facts_nvidia_smi": str(GPU_NODE / "nvidia-smi"), "node_facts_lspci": str(GPU_NODE / "lspci"),
+        # the GPU health gate reads `nvidia-smi -q -x` on the node; it has its own test (test_preflight_gpu_health.py)
+        "vllm_node_gpu_health": False}}}}))
     return inventory
 
 
