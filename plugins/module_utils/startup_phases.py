@@ -15,11 +15,12 @@ stops before it could have run).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
+
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_log import journal_records
 
 Entry = tuple[float | None, str]   # (unix time the line was logged, or None; the message)
 
@@ -90,21 +91,7 @@ def journal_entries(json_lines: Iterable[str], exclude_invocation: str | None = 
     is a line of the invocation `exclude_invocation` (a restarted unit's replaced process, as vllm_log does).
     """
     entries: list[Entry] = []
-    for line in json_lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict):
-            continue
-        if exclude_invocation and exclude_invocation in (entry.get("_SYSTEMD_INVOCATION_ID"),
-                                                         entry.get("INVOCATION_ID")):
-            continue
-        message = entry.get("MESSAGE")
-        if isinstance(message, list):
-            message = bytes(b & 0xFF for b in message if isinstance(b, int)).decode("utf-8", "replace")
-        if not isinstance(message, str):
-            continue
+    for entry, message in journal_records(json_lines, exclude_invocation):
         stamp = entry.get("__REALTIME_TIMESTAMP")
         try:
             when = int(stamp) / 1e6 if stamp is not None else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from typing import Any
 
 # Lines worth showing while vLLM loads (shard loading, memory, KV cache, compile, readiness).
 PROGRESS_RE = re.compile(
@@ -43,14 +44,16 @@ def strip_colors(lines: Iterable[str]) -> list[str]:
     return [ANSI_RE.sub("", line) for line in lines]
 
 
-def journal_messages(json_lines: Iterable[str], exclude_invocation: str | None = None) -> list[str]:
-    """The messages of `journalctl -o json` output, without those of one invocation of the unit.
+def journal_records(json_lines: Iterable[str],
+                    exclude_invocation: str | None = None) -> list[tuple[dict[str, Any], str]]:
+    """(entry, message) of each `journalctl -o json` line, without those of one invocation of the unit.
 
     A restarted unit's journal holds the stopped process's last words too (an EngineDeadError when it was killed);
     they are not the new start's cause. Its processes' entries carry `_SYSTEMD_INVOCATION_ID`, systemd's own lines
-    about the unit `INVOCATION_ID`. A message journald stored as bytes (not UTF-8) comes as a list of ints.
+    about the unit `INVOCATION_ID`. A message journald stored as bytes (not UTF-8) comes as a list of ints; a line that
+    is not a JSON object, or has no message, is skipped.
     """
-    messages = []
+    records = []
     for line in json_lines:
         try:
             entry = json.loads(line)
@@ -65,8 +68,13 @@ def journal_messages(json_lines: Iterable[str], exclude_invocation: str | None =
         if isinstance(message, list):
             message = bytes(b & 0xFF for b in message if isinstance(b, int)).decode("utf-8", "replace")
         if isinstance(message, str):
-            messages.append(message)
-    return messages
+            records.append((entry, message))
+    return records
+
+
+def journal_messages(json_lines: Iterable[str], exclude_invocation: str | None = None) -> list[str]:
+    """The messages of `journalctl -o json` output, without those of one invocation of the unit (journal_records)."""
+    return [message for _entry, message in journal_records(json_lines, exclude_invocation)]
 
 
 def shorten(line: str, width: int = 180) -> str:
