@@ -5,7 +5,6 @@ A FAIL verdict takes the server DOWN with the reason in the stats, a PASS puts i
 runtime API stays while the agent says up."""
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
 import socket
@@ -18,25 +17,16 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_watch, haproxy_stat
-from harness.backends import free_port
+from harness.backends import NamedBackend
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
-
-
-class Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802  (http.server's name)
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return None
 
 
 @pytest.fixture()
 def gateway(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """haproxy with one server (a /health stand-in) and its agent; (verdict file, runtime socket)."""
     verdict, runtime = tmp_path / "verdict.json", tmp_path / "haproxy.sock"
-    vllm = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Health)
+    vllm = NamedBackend("node1")   # answers HAProxy's GET /health with 200
     agent = socket.socket()
     agent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     agent.bind(("127.0.0.1", 0))
@@ -53,9 +43,8 @@ def gateway(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
             with conn:
                 conn.sendall((gpu_watch.agent_reply(gpu_watch.read_document(str(verdict))) + "\n").encode())
 
-    threads = [threading.Thread(target=vllm.serve_forever, daemon=True), threading.Thread(target=answer, daemon=True)]
-    for thread in threads:
-        thread.start()
+    vllm.start()
+    threading.Thread(target=answer, daemon=True).start()
     config = tmp_path / "haproxy.cfg"
     config.write_text(f"""global
     stats socket {runtime} mode 600 level admin
@@ -68,7 +57,7 @@ backend vllm
     option httpchk GET /health
     http-check expect status 200
     default-server check inter 1s fall 3 rise 2
-    server node1 127.0.0.1:{vllm.server_address[1]} agent-check agent-port {agent.getsockname()[1]} agent-inter 1s
+    server node1 127.0.0.1:{vllm.port} agent-check agent-port {agent.getsockname()[1]} agent-inter 1s
 """)
     proc = subprocess.Popen(["haproxy", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -77,7 +66,7 @@ backend vllm
         proc.terminate()
         proc.wait(timeout=10)
         stop.set()
-        vllm.shutdown()
+        vllm.stop()
         agent.close()
 
 
