@@ -294,8 +294,10 @@ def _run_job(argv: list[str], env: Mapping[str, str], job_dir: str, token_file: 
         try:
             proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=out, stderr=err,
                                     stdin=subprocess.DEVNULL, close_fds=True)
-            with open(os.path.join(job_dir, "hf.pid"), "w") as handle:
+            # Written whole (rename) so that stop() never reads a pid file that exists but is still empty.
+            with open(os.path.join(job_dir, "hf.pid.tmp"), "w") as handle:
                 handle.write(str(proc.pid))
+            os.replace(os.path.join(job_dir, "hf.pid.tmp"), os.path.join(job_dir, "hf.pid"))
             try:
                 status["rc"] = proc.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
