@@ -23,11 +23,13 @@ def duration_summary(durations: list[float]) -> dict[str, float]:
 @dataclass(frozen=True)
 class Client:
     """One client of the loop: the kind of request it sends (passed to the request function), how long it waits
-    between two of its requests (`think`, seconds) and after the loop starts (`delay`)."""
+    between two of its requests (`think`, seconds) and after the loop starts (`delay`). A `gated` client sends only
+    while the loop's gate is open, and waits its delay again each time the gate opens."""
 
     kind: str = "short"
     think: float = 0.1
     delay: float = 0.0
+    gated: bool = False
 
 
 @dataclass
@@ -90,6 +92,8 @@ class ClientLoop:
                         for i, c in enumerate(self.clients)]
         self.cpu_s = 0.0       # the client threads' own CPU time (time.thread_time), summed when each ends
         self.started = self.first = 0.0
+        self.gate = threading.Event()      # open: the gated clients send
+        self.gate_log: list[list[float]] = []   # [opened, closed] epochs (closed 0 while open)
 
     def claim(self) -> bool:
         """Whether one more request may be sent now (not stopped, no bound reached)."""
@@ -110,14 +114,39 @@ class ClientLoop:
         record.status = why or "ok"
         record.end = time.time()
 
+    def open_gate(self) -> None:
+        """Let the gated clients send (each after its delay)."""
+        with self.lock:
+            if not self.gate.is_set():
+                self.gate_log.append([round(time.time(), 3), 0.0])
+                self.gate.set()
+
+    def close_gate(self) -> None:
+        """Stop the gated clients after the request each has in flight."""
+        with self.lock:
+            if self.gate.is_set():
+                self.gate.clear()
+                self.gate_log[-1][1] = round(time.time(), 3)
+
+    def turn(self, client: Client, first: bool) -> bool:
+        """Wait until `client` may send its next request: its delay over after the loop started, and for a gated
+        client the gate open (its delay over again after the gate opened). False once the loop stops."""
+        waited = False
+        while client.gated and not self.gate.is_set():
+            waited = True
+            if self.halt.wait(0.2):
+                return False
+        if (first or waited) and self.halt.wait(client.delay):
+            return False
+        return not self.halt.is_set()
+
     def client(self, index: int, client: Client) -> None:
-        """One client's requests: after its delay, one after another with its think time in between."""
+        """One client's requests: one after another with its think time in between, each when turn() allows."""
         n = 0
-        if not self.halt.wait(client.delay):
-            while not self.halt.is_set():
-                self.once(client.kind, (n + index) % 2 == 1)
-                n += 1
-                self.halt.wait(client.think)  # leaves the shared cores room; returns at once on stop()
+        while self.turn(client, n == 0):
+            self.once(client.kind, (n + index) % 2 == 1)
+            n += 1
+            self.halt.wait(client.think)  # leaves the shared cores room; returns at once on stop()
         with self.lock:
             self.cpu_s += time.thread_time()
 
@@ -151,7 +180,8 @@ class ClientLoop:
                 "failures": failures[:20], "first": round(self.first, 3),
                 "last": round(max((r.end for r in ended), default=0.0), 3),
                 "duration_s": duration_summary([r.duration for r in ended]), "kinds": per_label(records),
-                "clients": [asdict(c) for c in self.clients], "client_cpu_s": round(self.cpu_s, 2)}
+                "clients": [asdict(c) for c in self.clients], "client_cpu_s": round(self.cpu_s, 2),
+                "gate": [list(window) for window in self.gate_log]}
 
     def stop(self, timeout: float = 180) -> dict[str, Any]:
         """Stop the loop (the requests in flight end first) and return counts()."""

@@ -7,8 +7,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -140,3 +141,52 @@ def task_results(output: str, task: str) -> list[tuple[str, str]]:
 def statuses(output: str, task: str) -> list[str]:
     """The statuses alone of task_results()."""
     return [status for status, _ in task_results(output, task)]
+
+
+class LogFollower:
+    """Reads a run's kept log while it is written (run() writes it as the playbook goes) and calls a rule's action
+    on each new line its pattern matches (re.search), in order: a test acts on where a long run is (a task begins)
+    without hooks in the playbook. Use as a context manager; the log may not exist yet, and a log that shrinks
+    (a new run truncated it) is read again from its start."""
+
+    def __init__(self, log: Path, rules: Sequence[tuple[str, Callable[[str], None]]], interval: float = 0.5) -> None:
+        self.log, self.interval = log, interval
+        self.rules = [(re.compile(pattern), action) for pattern, action in rules]
+        self.halt = threading.Event()
+        self.matched: list[tuple[float, str]] = []   # (epoch, line) of every line a rule matched
+        self.offset, self.partial = 0, ""
+        self.thread = threading.Thread(target=self.follow, daemon=True)
+
+    def read_new(self) -> None:
+        """Act on the complete lines written since the last read."""
+        try:
+            size = self.log.stat().st_size
+        except FileNotFoundError:
+            return
+        if size < self.offset:
+            self.offset, self.partial = 0, ""
+        if size == self.offset:
+            return
+        with self.log.open("rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read(size - self.offset)
+        self.offset += len(chunk)
+        *lines, self.partial = (self.partial + chunk.decode(errors="replace")).split("\n")
+        for line in lines:
+            for pattern, action in self.rules:
+                if pattern.search(line):
+                    self.matched.append((round(time.time(), 3), line))
+                    action(line)
+
+    def follow(self) -> None:
+        while not self.halt.wait(self.interval):
+            self.read_new()
+        self.read_new()
+
+    def __enter__(self) -> LogFollower:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.halt.set()
+        self.thread.join(timeout=10)

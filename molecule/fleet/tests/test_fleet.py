@@ -13,7 +13,8 @@ The sequence (file order; pytest -x, each step starts from the state the one bef
      naming it and the cause, 0 failed requests, a long generation in flight when each drain began
 The client loop (steps 03 and 05): 8 concurrent clients through the gateway, streamed and not in turn. Six send short
 completions with a think time between two; two send long generations (as many tokens as the smallest max-model-len
-in force leaves, ignore_eos) back to back, the second started later, so about two are in flight at any time.
+in force leaves, ignore_eos) back to back, the second started later, only while a batch runs up to its node's drain
+(the gate), so about two are in flight when each drain begins and none while nodes converge.
 Measurements go to artifacts/fleet/measurements.json (per step: seconds, client counts and p50/p99 per kind, each
 node's drain start, wait and what was in flight then, time out of the pool, stop and start seconds); each run's output
 to artifacts/fleet/<step>.log, the client loop's counts and every request to artifacts/fleet/client-<step>.json.
@@ -57,8 +58,15 @@ CLIENT_MAX_REQUESTS = 20000
 CLIENT_MAX_SECONDS = 3600
 # Its clients: short completions with a think time (the shared cores' room: the CI machine runs three other lanes
 # beside this one), and long generations back to back, the second client started LONG_STAGGER s after the first.
-SHORT_TOKENS, SHORT_CLIENTS, SHORT_THINK = 8, 6, 2.0
-LONG_CLIENTS, LONG_THINK, LONG_STAGGER = 2, 1.0, 10.0
+# The long ones run only around each drain (the gate, see under_load): generating throughout, they kept both
+# engines busy for the whole rollout and took over half of the CI machine's CPU (docs/measurements.md).
+SHORT_TOKENS, SHORT_CLIENTS, SHORT_THINK = 8, 6, 3.0
+LONG_CLIENTS, LONG_THINK, LONG_STAGGER = 2, 1.0, 8.0
+# Where the rollout's log opens and closes the long generations' gate: a batch's play begins (the node's own tasks
+# before its drain take longer than a long generation's stagger), and the drained node's wait for its requests began
+# (the drain is set: what is in flight then is what the drain waits for).
+GATE_OPEN = r"^PLAY \[Change the nodes batch by batch"
+GATE_CLOSE = r"^TASK \[[^\]]*Wait \(bounded, rollout_drain_timeout\)"
 LONG_TIMEOUT = 900        # seconds a long generation's socket may wait (a non-streamed answer comes whole at the end)
 PROMPT_MARGIN = 128       # tokens of max-model-len left for the prompt and the chat template
 DRAIN_TIMEOUT = yaml.safe_load((PROJECT / "roles" / "rollout" / "defaults" / "main.yml").read_text())[
@@ -125,7 +133,7 @@ def client_loop(model: str, long_tokens: int) -> ClientLoop:
     def request(kind: str, stream: bool) -> str:
         return FRONT.chat_once(KEY, model, stream, tokens[kind], timeout=LONG_TIMEOUT if kind == "long" else 120)
 
-    clients = ([Client("long", LONG_THINK, i * LONG_STAGGER) for i in range(LONG_CLIENTS)]
+    clients = ([Client("long", LONG_THINK, i * LONG_STAGGER, gated=True) for i in range(LONG_CLIENTS)]
                + [Client("short", SHORT_THINK, 0.25 * i) for i in range(SHORT_CLIENTS)])
     return ClientLoop(request, CLIENT_MAX_REQUESTS, CLIENT_MAX_SECONDS, clients)
 
@@ -133,12 +141,17 @@ def client_loop(model: str, long_tokens: int) -> ClientLoop:
 def under_load(step: str, extra_vars: dict[str, Any], model: str,
                long_tokens: int) -> tuple[int, str, float, dict[str, Any], ClientLoop]:
     """A rollout with the client loop running from before it starts until after it ends (its requests in flight
-    then included)."""
+    then included); the long generations only from each batch's start until its node's drain began (GATE_OPEN,
+    GATE_CLOSE in the rollout's log as it is written)."""
     client = client_loop(model, long_tokens)
+    log = ARTIFACTS / f"{step}.log"
+    log.unlink(missing_ok=True)   # the follower reads this run's log only
     client.start()
     time.sleep(5)  # requests in flight before the first drain
     try:
-        rc, output, seconds = rollout(step, extra_vars)
+        with playbook.LogFollower(log, [(GATE_OPEN, lambda _line: client.open_gate()),
+                                        (GATE_CLOSE, lambda _line: client.close_gate())]):
+            rc, output, seconds = rollout(step, extra_vars)
         time.sleep(5)  # and after the last node is back
     finally:
         counts = client.stop(timeout=LONG_TIMEOUT)

@@ -36,7 +36,7 @@ KEY = yaml.safe_load((SCENARIO / "group_vars" / "all.yml").read_text())["vllm_no
 BACKENDS = {b["name"]: b for b in
             yaml.safe_load((SCENARIO / "group_vars" / "gateways.yml").read_text())["gateway_backends"]}
 DATA = "/etc/vllm-node-fake-gpus.json"
-# The watch checks every 3 s (group_vars/all.yml), HAProxy asks the agent every 2 s (gateway_agent_interval) and
+# The watch checks every 10 s (group_vars/all.yml), HAProxy asks the agent every 2 s (gateway_agent_interval) and
 # puts a server back after 2 passing health checks 2 s apart: each change must show within this.
 CHANGE_WITHIN_S = 45
 

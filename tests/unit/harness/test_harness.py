@@ -259,6 +259,62 @@ def test_the_client_loop_stops_when_told():
     assert not loop.is_alive() and 1 <= counts["sent"] < 10_000 and counts["failed"] == 0
 
 
+def test_gated_clients_send_only_while_the_gate_is_open_each_after_its_delay():
+    sent: list[tuple[str, float]] = []
+
+    def request(kind: str, stream: bool) -> str:
+        sent.append((kind, time.monotonic()))
+        time.sleep(0.02)
+        return ""
+
+    loop = clients.ClientLoop(request, max_requests=10_000, max_seconds=600,
+                              clients=[clients.Client("long", 0.01, 0.3, gated=True), clients.Client("short", 0.05)])
+    loop.start()
+    time.sleep(0.5)
+    assert sent and {kind for kind, _ in sent} == {"short"}      # the gate is closed
+    opened = time.monotonic()
+    loop.open_gate()
+    time.sleep(0.6)
+    loop.close_gate()
+    time.sleep(0.1)                                                # the request in flight ends
+    longs = [at for kind, at in sent if kind == "long"]
+    assert longs and min(longs) - opened >= 0.29                  # its delay again after the gate opened
+    count = len(longs)
+    time.sleep(0.3)
+    assert len([1 for kind, _ in sent if kind == "long"]) == count  # closed again: no more long requests
+    counts = loop.stop(timeout=30)
+    assert len(counts["gate"]) == 1 and 0 < counts["gate"][0][0] < counts["gate"][0][1]
+    assert not loop.is_alive() and counts["failed"] == 0
+
+
+def test_a_gated_client_waiting_for_its_gate_ends_on_stop():
+    loop = clients.ClientLoop(lambda kind, stream: "", max_requests=10, max_seconds=600,
+                              clients=[clients.Client("long", 0, 0, gated=True)])
+    loop.start()
+    counts = loop.stop(timeout=5)
+    assert not loop.is_alive() and counts["sent"] == 0 and counts["gate"] == []
+
+
+def test_the_log_follower_acts_on_new_lines_as_they_are_written(tmp_path):
+    log = tmp_path / "run.log"
+    seen: list[str] = []
+    with playbook.LogFollower(log, [(r"^TASK \[.*Drain", seen.append), (r"^PLAY \[", seen.append)],
+                              interval=0.05) as follower:
+        time.sleep(0.1)                           # no log yet
+        with log.open("w") as out:
+            out.write("PLAY [Change the nodes]\nTASK [rollout : Dra")
+            out.flush()
+            time.sleep(0.2)
+            assert seen == ["PLAY [Change the nodes]"]     # the unfinished line waits for its end
+            out.write("in the node]\nok: [n1]\n")
+            out.flush()
+            time.sleep(0.2)
+        assert seen == ["PLAY [Change the nodes]", "TASK [rollout : Drain the node]"]
+        log.write_text("PLAY [again]\n")          # a new run truncated the log
+        time.sleep(0.2)
+    assert seen[-1] == "PLAY [again]" and [line for _, line in follower.matched] == seen
+
+
 def test_in_flight_counts_what_started_and_had_not_ended():
     records = [clients.Record("long", False, 10.0, 40.0), clients.Record("short", True, 19.0, 20.0),
                clients.Record("short", False, 20.0), clients.Record("long", True, 25.0)]
