@@ -24,7 +24,8 @@ def _int(value: str | None) -> int | None:
 
 
 def parse_show_stat(text: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """backend -> server -> {status, weight, scur, admin_drain, admin_maint} from `show stat` output.
+    """backend -> server -> {status, weight, scur, stot, admin_drain, admin_maint} from `show stat` output
+    (scur: sessions now; stot: sessions so far).
 
     admin_drain / admin_maint are read from the status text: HAProxy prints DRAIN (or "DRAIN (agent)") for a
     server in drain mode and MAINT for one in maintenance. Raises ValueError when the text has no CSV header.
@@ -44,6 +45,7 @@ def parse_show_stat(text: str) -> dict[str, dict[str, dict[str, Any]]]:
             "status": status,
             "weight": _int(row.get("weight")),
             "scur": _int(row.get("scur")),
+            "stot": _int(row.get("stot")),
             "admin_drain": status.startswith("DRAIN"),
             "admin_maint": status.startswith("MAINT"),
         }

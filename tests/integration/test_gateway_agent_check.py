@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_watch, haproxy_stat
+from harness import haproxy
 from harness.backends import NamedBackend
+from harness.haproxy import AnsweringSocket
 
 pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs haproxy")
 
@@ -27,26 +27,12 @@ def gateway(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """haproxy with one server (a /health stand-in) and its agent; (verdict file, runtime socket)."""
     verdict, runtime = tmp_path / "verdict.json", tmp_path / "haproxy.sock"
     vllm = NamedBackend("node1")   # answers HAProxy's GET /health with 200
-    agent = socket.socket()
-    agent.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    agent.bind(("127.0.0.1", 0))
-    agent.listen(8)
-    agent.settimeout(0.2)
-    stop = threading.Event()
-
-    def answer() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = agent.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.sendall((gpu_watch.agent_reply(gpu_watch.read_document(str(verdict))) + "\n").encode())
-
     vllm.start()
-    threading.Thread(target=answer, daemon=True).start()
-    config = tmp_path / "haproxy.cfg"
-    config.write_text(f"""global
+    # the node's agent: gpu_watch.py's reply for the verdict file, as its socket-activated unit answers
+    with AnsweringSocket(lambda: (gpu_watch.agent_reply(gpu_watch.read_document(str(verdict))) + "\n").encode()) \
+            as agent:
+        config = tmp_path / "haproxy.cfg"
+        config.write_text(f"""global
     stats socket {runtime} mode 600 level admin
 defaults
     mode http
@@ -57,37 +43,21 @@ backend vllm
     option httpchk GET /health
     http-check expect status 200
     default-server check inter 1s fall 3 rise 2
-    server node1 127.0.0.1:{vllm.port} agent-check agent-port {agent.getsockname()[1]} agent-inter 1s
+    server node1 127.0.0.1:{vllm.port} agent-check agent-port {agent.address} agent-inter 1s
 """)
-    proc = subprocess.Popen(["haproxy", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        yield verdict, runtime
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        stop.set()
-        vllm.stop()
-        agent.close()
-
-
-def runtime_command(runtime: Path, command: str) -> str:
-    deadline = time.monotonic() + 10
-    while not runtime.exists():
-        assert time.monotonic() < deadline, "haproxy did not open its runtime socket"
-        time.sleep(0.1)
-    with socket.socket(socket.AF_UNIX) as s:
-        s.connect(str(runtime))
-        s.sendall(command.encode() + b"\n")
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    return data.decode()
+        proc = subprocess.Popen(["haproxy", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            yield verdict, runtime
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+            vllm.stop()
 
 
 def status_becomes(runtime: Path, prefix: str, within: float = 20) -> str:
     deadline = time.monotonic() + within
     while True:
-        status = haproxy_stat.parse_show_stat(runtime_command(runtime, "show stat"))["vllm"]["node1"]["status"]
+        status = haproxy_stat.parse_show_stat(haproxy.runtime_command(runtime, "show stat"))["vllm"]["node1"]["status"]
         if status.startswith(prefix):
             return status
         assert time.monotonic() < deadline, f"still {status}, wanted {prefix}"
@@ -104,9 +74,9 @@ def test_haproxy_takes_the_server_out_on_a_fail_and_back_on_a_pass(gateway: tupl
     status_becomes(runtime, "UP")
     write_verdict(verdict, "FAIL", "GPU 1 (serial 1792525000001, bus 0000:28:00.0): xid_79")
     status_becomes(runtime, "DOWN")
-    servers = runtime_command(runtime, "show servers state vllm")
+    servers = haproxy.runtime_command(runtime, "show servers state vllm")
     assert "node1" in servers
-    stat = runtime_command(runtime, "show stat")
+    stat = haproxy.runtime_command(runtime, "show stat")
     assert "GPU health FAIL: GPU 1 (serial 1792525000001; bus 0000:28:00.0): xid_79" in stat
     write_verdict(verdict, "PASS")
     assert status_becomes(runtime, "UP") == "UP"
@@ -116,7 +86,7 @@ def test_a_drain_through_the_runtime_api_stays_while_the_agent_says_up(gateway: 
     verdict, runtime = gateway
     write_verdict(verdict, "WARN")
     status_becomes(runtime, "UP")
-    runtime_command(runtime, "set server vllm/node1 state drain")
+    haproxy.runtime_command(runtime, "set server vllm/node1 state drain")
     status_becomes(runtime, "DRAIN")
     time.sleep(3)  # three agent answers of "up"
-    assert haproxy_stat.parse_show_stat(runtime_command(runtime, "show stat"))["vllm"]["node1"]["admin_drain"]
+    assert haproxy_stat.parse_show_stat(haproxy.runtime_command(runtime, "show stat"))["vllm"]["node1"]["admin_drain"]

@@ -15,7 +15,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -27,7 +26,7 @@ from typing import Any
 import pytest
 from test_plan_playbook import ROOT
 
-from harness import playbook
+from harness import haproxy, playbook
 from harness.backends import NamedBackend, free_port
 
 KEY = "routing-test-key"
@@ -73,13 +72,7 @@ class Gateway:
 
     def runtime(self, command: str) -> str:
         """A command to HAProxy's runtime API (what the rollout's drain and enable send)."""
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(str(self.socket_path))
-            sock.sendall(command.encode() + b"\n")
-            out = b""
-            while chunk := sock.recv(65536):
-                out += chunk
-        return out.decode()
+        return haproxy.runtime_command(self.socket_path, command)
 
     def status(self, backend: str, server: str) -> str:
         """A server's status in `show stat` (UP, DRAIN, DOWN, MAINT ...)."""

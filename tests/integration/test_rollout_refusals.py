@@ -7,9 +7,7 @@ CSV header and one server: enough for the module that reads it (vllm_node.vllm_n
 """
 from __future__ import annotations
 
-import socket
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import pytest
 import yaml
 
 from harness import playbook
+from harness.haproxy import AnsweringSocket
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -28,29 +27,8 @@ SHOW_STAT = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot,status,weight\n"
 @pytest.fixture()
 def stat_socket(tmp_path: Path) -> Iterator[str]:
     """A UNIX socket that answers every connection with SHOW_STAT, like HAProxy's runtime API."""
-    path = str(tmp_path / "gateway.sock")
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(path)
-    server.listen(4)
-    server.settimeout(0.5)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.recv(1024)
-                conn.sendall(SHOW_STAT.encode())
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield path
-    stop.set()
-    thread.join(timeout=5)
-    server.close()
+    with AnsweringSocket(SHOW_STAT.encode, tmp_path / "gateway.sock", read_request=True) as answering:
+        yield str(answering.address)
 
 
 def refused_rollout(tmp_path: Path, **extra: object) -> tuple[int, str]:

@@ -22,7 +22,6 @@ to artifacts/fleet/<step>.log, the client loop's counts and every request to art
 
 from __future__ import annotations
 
-import csv
 import json
 import re
 import shlex
@@ -33,7 +32,7 @@ from typing import Any
 import pytest
 import yaml
 
-from harness import api, playbook
+from harness import api, haproxy, playbook
 from harness.clients import Client, ClientLoop
 from harness.figures import Figures
 from harness.project import PROJECT, machine
@@ -104,15 +103,9 @@ def served(name: str) -> dict[str, Any]:
     return {"version": json.loads(version)["version"], **json.loads(models)["data"][0]}
 
 
-def gateway_servers() -> dict[str, dict[str, str]]:
-    """HAProxy's view of the backend `vllm`: server -> status, weight, stot (requests sent to it so far)."""
-    script = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(b'show stat\\n')\n"
-              "d=b''\nwhile (c:=s.recv(65536)): d+=c\nprint(d.decode())")
-    out = machine(GATEWAY).check_output(f"python3 -c {shlex.quote(script)} {SOCKET}")
-    lines = [line for line in out.splitlines() if line.strip()]
-    rows = csv.DictReader([lines[0].lstrip("# ")] + lines[1:])
-    return {r["svname"]: {"status": r["status"], "weight": r["weight"], "stot": r["stot"]}
-            for r in rows if r["pxname"] == "vllm" and r["svname"] not in ("FRONTEND", "BACKEND")}
+def gateway_servers() -> dict[str, dict[str, Any]]:
+    """HAProxy's view of the backend `vllm`: server -> status, weight, stot (requests sent to it so far), ..."""
+    return haproxy.servers(haproxy.runtime_command_on(machine(GATEWAY), SOCKET, "show stat"), "vllm")
 
 
 def haproxy_log_since(since: str) -> list[str]:

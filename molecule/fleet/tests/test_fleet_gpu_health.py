@@ -10,7 +10,6 @@ Figures go to artifacts/fleet/measurements.json under "06-gpu-watch".
 
 from __future__ import annotations
 
-import csv
 import json
 import shlex
 import time
@@ -20,8 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import haproxy_stat
-from harness import api
+from harness import api, haproxy
 from harness.clients import ClientLoop
 from harness.figures import Figures
 from harness.project import PROJECT, machine
@@ -43,23 +41,14 @@ CHANGE_WITHIN_S = 45
 testinfra_hosts = [f"ansible://{HEALTHY}"]
 
 
-def show_stat_text() -> str:
-    """HAProxy's `show stat` CSV, asked on the gateway's runtime socket."""
-    script = ("import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.sendall(b'show stat\\n')\n"
-              "d=b''\nwhile (c:=s.recv(65536)): d+=c\nprint(d.decode())")
-    return machine(GATEWAY).check_output(f"python3 -c {shlex.quote(script)} {SOCKET}")
-
-
 def backend_rows() -> dict[str, dict[str, Any]]:
-    """The backend vllm's servers as the project's parser reads them (status, weight, scur, admin state)."""
-    return haproxy_stat.parse_show_stat(show_stat_text())["vllm"]
+    """The backend vllm's servers as the project's parser reads them (status, weight, scur, stot, admin state)."""
+    return haproxy.servers(haproxy.runtime_command_on(machine(GATEWAY), SOCKET, "show stat"), "vllm")
 
 
 def sessions_total(name: str) -> int:
     """Requests HAProxy has sent to a server so far (the stot column)."""
-    lines = [line for line in show_stat_text().splitlines() if line.strip()]
-    rows = csv.DictReader([lines[0].lstrip("# ")] + lines[1:])
-    return int(next(r["stot"] for r in rows if r["pxname"] == "vllm" and r["svname"] == name))
+    return int(backend_rows()[name]["stot"])
 
 
 def agent_answer(name: str) -> str:

@@ -38,8 +38,8 @@ vllm:e2e_request_latency_seconds_count{engine="0",model_name="tiny-llama"} 12.0
 def test_show_stat_gives_each_backend_server_with_state_weight_and_sessions():
     servers = parse_show_stat(SHOW_STAT)
     assert set(servers) == {"vllm"}, "the FRONTEND and BACKEND pseudo-rows are not servers"
-    assert servers["vllm"]["fleet-node1"] == {"status": "DRAIN", "weight": 0, "scur": 1, "admin_drain": True,
-                                              "admin_maint": False}
+    assert servers["vllm"]["fleet-node1"] == {"status": "DRAIN", "weight": 0, "scur": 1, "stot": 60,
+                                              "admin_drain": True, "admin_maint": False}
     assert servers["vllm"]["fleet-node2"]["status"] == "DOWN" and not servers["vllm"]["fleet-node2"]["admin_drain"]
 
 
