@@ -109,8 +109,9 @@ def adapter_problems(adapter: Adapter, base_name: str, base_shapes: dict[str, tu
     modules = lora_modules(adapter.shapes)
     if not modules:
         problems.append(f"adapter {adapter.name} has no lora_A/lora_B tensors in adapter_model.safetensors")
-    mismatches = [why for module, pair in sorted(modules.items())
-                  if (why := module_problem(module, pair, adapter.rank, base_shapes))]
+    # one reason once: every layer's o_proj of another base says the same
+    mismatches = list(dict.fromkeys(why for module, pair in sorted(modules.items())
+                                    if (why := module_problem(module, pair, adapter.rank, base_shapes))))
     if mismatches:
         trained = f" (its config names {adapter.base_model} as its base)" if adapter.base_model else ""
         problems.append(f"adapter {adapter.name} was not trained for {base_name}{trained}: "

@@ -63,6 +63,7 @@ def test_an_adapter_of_another_base_is_refused_naming_both(hub: Path, base_shape
     assert "vllm-node-test/tiny-deepseek-v3" in problems[0]
     # tiny-deepseek-v3's o_proj maps 4 heads x 128 = 512 to hidden 128; tiny-llama's 128 to 64
     assert "maps 512 inputs to 128 outputs where the base's o_proj maps 128 to 64" in problems[0]
+    assert problems[0].count("maps 512 inputs") == 1, "each reason once, not once per layer"
 
 
 def test_a_module_the_base_lacks_is_named(hub: Path, base_shapes) -> None:
