@@ -24,19 +24,13 @@ options:
     type: str
     default: ""
   adapters:
-    description: The adapters to serve; any other served adapter is unloaded.
+    description:
+      - The adapters to serve, each {name, path} (the name clients ask for as the model, the adapter's directory on
+        the node); other keys are ignored, so the plan's entries (plan.lora.adapters) can be passed as they are.
+      - Any other served adapter is unloaded.
     type: list
     elements: dict
     required: true
-    suboptions:
-      name:
-        description: The name clients ask for as the model.
-        type: str
-        required: true
-      path:
-        description: The adapter's directory on the node.
-        type: str
-        required: true
   timeout:
     description: Seconds one request may take (a load reads the adapter's weights).
     type: int
@@ -84,9 +78,7 @@ def main() -> None:
         argument_spec={
             "url": {"type": "str", "required": True},
             "api_key": {"type": "str", "default": "", "no_log": True},
-            "adapters": {"type": "list", "elements": "dict", "required": True,
-                         "options": {"name": {"type": "str", "required": True},
-                                     "path": {"type": "str", "required": True}}},
+            "adapters": {"type": "list", "elements": "dict", "required": True},
             "timeout": {"type": "int", "default": 120},
         },
         supports_check_mode=True)
