@@ -188,9 +188,9 @@ def test_plan_refuses_a_bad_lora_adapter_naming_it_the_base_and_the_fix(
 
 
 def test_plan_serves_good_adapters_from_their_pinned_directory(tmp_path: Path) -> None:
+    adapters = lora_adapters(tmp_path, ("good", {}), ("mlp", {"targets": ("down_proj",)}))
     rc, out, _ = playbook.run("playbooks/plan.yml", "-e", f"vllm_node_plan_file={tmp_path / 'plan.json'}",
-                              *TINY_LLAMA_CPU, *lora_adapters(tmp_path, ("good", {}), ("mlp", {"targets": ("down_proj",)})),
-                              timeout=300)
+                              *TINY_LLAMA_CPU, *adapters, timeout=300)
     assert rc == 0, out[-3000:]
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["lora"]["max_loras"] == 2 and [a["checked"] for a in plan["lora"]["adapters"]] == [True, True]

@@ -144,7 +144,7 @@ def plan_adapters(entries: Any, settings: LoRA | None, *, base: str, base_names:
         raise SizingError(f"adapter {served_model_name} has the name the base {base} is served under: rename the "
                           "adapter")
     out, notes, problems = [], [], []
-    for raw, entry in zip(entries, checked):
+    for raw, entry in zip(entries, checked, strict=True):
         if entry["base"] not in base_names:
             problems.append(f"adapter {entry['name']} belongs to base {entry['base']}, but this node serves {base}: "
                             f"set its base to {base} if it was trained on it, or list it on a node serving "

@@ -218,7 +218,8 @@ _NODE_PLAN_ARGS = (
     "vllm_version", "vllm_variant",
     "tensor_parallel_size", "pipeline_parallel_size", "node_count", "pp_layer_partition", "load_mib_per_second",
     "decode_context_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len", "enforce_eager",
-    "enable_lora", "max_loras", "max_lora_rank", "lora_adapters", "cpu_amx", "model_root", "model_dir", "listen_address", "port",
+    "enable_lora", "max_loras", "max_lora_rank", "lora_adapters", "cpu_amx", "model_root", "model_dir",
+    "listen_address", "port",
     "extra_args", "extra_environment", "start_timeout", "shutdown_timeout", "instances", "topology",
     # warm starts (sizing/warmstart.py): the loader knobs, its catalog, the lock catalog, the node's driver
     "load_format", "load_disk", "loaders", "locks", "driver",

@@ -134,7 +134,8 @@ def test_more_adapters_than_slots_raise_max_loras_and_the_plan_sizes_them(adapte
     (lambda a: [entry("a=b", a["good"])], {}, ["'a=b' is not an adapter name"]),
     (lambda a: [entry("good", a["good"], repository="good")], {}, ["write it as owner/name"]),
     (lambda a: [entry("vllm-node-test/tiny-llama")], {}, ["is not an adapter name"]),
-    (lambda a: [{"name": "x", "repository": "o/x", "revision": COMMIT}], {}, ["vllm_node_lora_adapters[0] has no base"]),
+    (lambda a: [{"name": "x", "repository": "o/x", "revision": COMMIT}], {},
+     ["vllm_node_lora_adapters[0] has no base"]),
 ])
 def test_a_bad_adapter_is_refused_before_anything_naming_it_the_base_and_the_fix(
         adapters, make, overrides: dict[str, Any], needles: list[str]) -> None:
