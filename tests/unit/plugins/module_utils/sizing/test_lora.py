@@ -158,3 +158,20 @@ def test_the_base_is_known_by_its_repository_and_served_name_too(adapters) -> No
     assert [a["base"] for a in by_repo["lora"]["adapters"]] == ["vllm-node-test/tiny-llama"]
     with pytest.raises(vm.SizingError, match="has the name the base tiny-llama is served under"):
         lora_plan([entry("served", adapters["good"])], served_model_name="served")
+
+
+def test_each_instance_serves_the_adapters_of_its_name_or_model(adapters) -> None:
+    """Two models on the demo node, LoRA on in each: an adapter names its instance or its model; the DeepSeek-shaped
+    adapter that tiny-llama refuses fits tiny-deepseek-v3 (MLA: o_proj from heads x v_head_dim)."""
+    plan = vm.node_plan(cpu_knobs(
+        instances=[{"name": "llama", "model": "tiny-llama", "enable_lora": True},
+                   {"name": "mla", "model": "tiny-deepseek-v3", "gpus": 1, "enable_lora": True}],
+        lora_adapters=[entry("good", adapters["good"], base="llama"),
+                       entry("deepseek", adapters["deepseek"], base="tiny-deepseek-v3")]))
+    llama, mla = plan["instances"]
+    assert plan["fits"] is True, plan.get("message")
+    assert [a["name"] for a in llama["plan"]["lora"]["adapters"]] == ["good"]
+    assert [a["name"] for a in mla["plan"]["lora"]["adapters"]] == ["deepseek"]
+    with pytest.raises(vm.SizingError, match="adapter good belongs to base qwen, which no instance serves"):
+        vm.node_plan(cpu_knobs(enable_lora="true", instances=[{"name": "llama", "model": "tiny-llama"}],
+                               lora_adapters=[entry("good", adapters["good"], base="qwen")]))
