@@ -8,11 +8,15 @@ message (what, why, the fix) as the task's msg: no filter-error chain around it.
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ansible.plugins.action import ActionBase
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.lora_adapters import adapter_metadata
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.units import plain
 
 
@@ -27,7 +31,28 @@ class ActionModule(ActionBase):
         """Return {plan} (changed false), or failed with the refusal as msg."""
         result = super().run(tmp, task_vars)
         try:
-            plan = sizing.node_plan(plain(self._task.args))
+            plan = sizing.node_plan(with_adapter_files(plain(self._task.args)))
         except sizing.SizingError as exc:
             return dict(result, failed=True, changed=False, msg=str(exc))
         return dict(result, changed=False, plan=plan)
+
+
+def with_adapter_files(args: dict[str, Any]) -> dict[str, Any]:
+    """The arguments with each LoRA adapter that names a path (a directory on the controller) given its
+    adapter_config.json and tensor shapes (the weights' header only), which the plan checks against the base."""
+    entries = args.get("lora_adapters")
+    if not isinstance(entries, list) or not any(isinstance(e, Mapping) and e.get("path") for e in entries):
+        return args
+    read = []
+    for entry in entries:
+        if isinstance(entry, Mapping) and entry.get("path"):
+            directory = Path(str(entry["path"])).expanduser()
+            try:
+                metadata = adapter_metadata(directory)
+            except (OSError, ValueError, struct.error) as exc:
+                raise sizing.SizingError(
+                    f"adapter {entry.get('name')}: cannot read its files in {directory} ({exc}): path must be a "
+                    "directory on the controller with adapter_config.json and adapter_model.safetensors") from exc
+            entry = {**{k: v for k, v in entry.items() if k != "path"}, **metadata}
+        read.append(entry)
+    return {**args, "lora_adapters": read}

@@ -109,8 +109,9 @@ def adapter_problems(adapter: Adapter, base_name: str, base_shapes: dict[str, tu
     modules = lora_modules(adapter.shapes)
     if not modules:
         problems.append(f"adapter {adapter.name} has no lora_A/lora_B tensors in adapter_model.safetensors")
-    mismatches = [why for module, pair in sorted(modules.items())
-                  if (why := module_problem(module, pair, adapter.rank, base_shapes))]
+    # one reason once: every layer's o_proj of another base says the same
+    mismatches = list(dict.fromkeys(why for module, pair in sorted(modules.items())
+                                    if (why := module_problem(module, pair, adapter.rank, base_shapes))))
     if mismatches:
         trained = f" (its config names {adapter.base_model} as its base)" if adapter.base_model else ""
         problems.append(f"adapter {adapter.name} was not trained for {base_name}{trained}: "
@@ -135,3 +136,50 @@ def slots_for(adapters: list[Adapter], max_loras: int) -> tuple[int, str]:
         return max_loras, ""
     return len(adapters), (f"max_loras raised from {max_loras} to {len(adapters)}: {len(adapters)} adapters are "
                            "served and each gets a slot on every GPU (the plan's memory budget includes them)")
+
+
+def adapter_metadata(directory: Path) -> dict[str, Any]:
+    """What the plan reads of an adapter's files: {"config": adapter_config.json, "shapes": tensor -> shape list}
+    (the weights' header only), as JSON data for the plan's inputs."""
+    config = json.loads((directory / "adapter_config.json").read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"{directory / 'adapter_config.json'} is not a JSON object")
+    shapes = read_safetensors_shapes(directory / "adapter_model.safetensors")
+    return {"config": config, "shapes": {name: list(shape) for name, shape in shapes.items()}}
+
+
+def _layer_count(config: dict[str, Any]) -> int:
+    return int(config.get("num_hidden_layers") or config.get("num_layers") or 0)
+
+
+def base_linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """The base's LoRA-able linear layers and their (out_features, in_features), from config.json alone, named as
+    in the checkpoint (model.layers.N.self_attn.q_proj.weight ...).
+
+    Derived for the decoder layout vLLM wraps with LoRA: the attention projections q/k/v/o (for MLA attention only
+    o_proj, whose input is heads x v_head_dim) and, for dense models, the MLP's gate/up/down. MoE experts and MLA's
+    low-rank projections are left out: an adapter of them is refused as adapting a module the base does not have.
+    """
+    hidden = int(config.get("hidden_size") or 0)
+    heads = int(config.get("num_attention_heads") or 0)
+    if not hidden or not heads:
+        return {}
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    inter = int(config.get("intermediate_size") or 0)
+    mla = bool(config.get("kv_lora_rank"))
+    moe = any(config.get(key) for key in ("n_routed_experts", "num_experts", "num_local_experts"))
+    shapes: dict[str, tuple[int, ...]] = {}
+    for layer in range(_layer_count(config)):
+        attn, mlp = f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.mlp."
+        if mla:
+            shapes[attn + "o_proj.weight"] = (hidden, heads * int(config.get("v_head_dim") or head_dim))
+        else:
+            shapes.update({attn + "q_proj.weight": (heads * head_dim, hidden),
+                           attn + "k_proj.weight": (kv_heads * head_dim, hidden),
+                           attn + "v_proj.weight": (kv_heads * head_dim, hidden),
+                           attn + "o_proj.weight": (hidden, heads * head_dim)})
+        if inter and not moe:
+            shapes.update({mlp + "gate_proj.weight": (inter, hidden), mlp + "up_proj.weight": (inter, hidden),
+                           mlp + "down_proj.weight": (hidden, inter)})
+    return shapes

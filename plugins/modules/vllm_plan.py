@@ -136,6 +136,19 @@ options:
   max_lora_rank:
     description: --max-lora-rank; null = vLLM's default.
     type: raw
+  lora_adapters:
+    description:
+      - LoRA adapters to serve (vllm_node_lora_adapters), each {name, repository, revision (a 40-hex commit), base,
+        path (optional)}. base is the model's catalog key, repository or served name.
+      - An adapter with a path (a directory on the controller with adapter_config.json and
+        adapter_model.safetensors) is checked against the base before anything changes (LoRA, rank within
+        O(max_lora_rank), modules the base has with its shapes); one without is checked by vLLM when it loads.
+      - More adapters than O(max_loras) raise the slots to their count, and the plan sizes the raised value.
+      - They are served from <model_root>/lora/<repository>/<revision>, listed in plan.lora.adapters and in
+        plan.service.lora_modules, which is outside plan.service.fingerprint (an adapter change restarts nothing).
+    type: list
+    elements: raw
+    default: []
   cpu_amx:
     description: CPU device only, the CPU has AMX tiles.
     type: raw

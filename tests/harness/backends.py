@@ -1,6 +1,7 @@
-"""Stand-ins for vLLM servers on loopback, for the gateway's routing tests: each answers `GET /health` and any POST
-with its own name, after the pause the request's JSON body asks for (`"sleep": seconds`), and counts what it
-served. Real HAProxy routes to them; nothing else leaves the machine."""
+"""Stand-ins for vLLM servers on loopback. For the gateway's routing tests, NamedBackend: each answers
+`GET /health` and any POST with its own name, after the pause the request's JSON body asks for (`"sleep": seconds`),
+and counts what it served; real HAProxy routes to them. For the LoRA sync, FakeVllm: vLLM's model list and runtime
+load/unload API. Nothing leaves the machine."""
 from __future__ import annotations
 
 import json
@@ -75,6 +76,103 @@ class NamedBackend:
 
     def stop(self) -> None:
         """Stop listening (the health checks then fail)."""
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+class FakeVllm:
+    """A stand-in for vLLM's model list and runtime LoRA API on loopback: GET /v1/models (the base, then each
+    adapter with its parent and root), POST /v1/load_lora_adapter and /v1/unload_lora_adapter with vLLM's answers
+    (200 text, 400 for a name already loaded, 404 for one not loaded, 401 without the key). `refuse` maps an adapter
+    name to the (status, message) its load answers; `calls` records every request (method, path, body)."""
+
+    def __init__(self, base: str = "base-model", api_key: str = "", adapters: dict[str, str] | None = None) -> None:
+        self.base, self.api_key, self.port = base, api_key, free_port()
+        self.adapters: dict[str, str] = dict(adapters or {})
+        self.refuse: dict[str, tuple[int, str]] = {}
+        self.calls: list[tuple[str, str, dict[str, Any] | None]] = []
+        self.lock = threading.Lock()
+        self.server: QuietServer | None = None
+
+    @property
+    def url(self) -> str:
+        """Where it listens."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def posts(self) -> list[tuple[str, dict[str, Any] | None]]:
+        """The POSTs it received (path, body), in order."""
+        return [(path, body) for method, path, body in self.calls if method == "POST"]
+
+    def answer(self, method: str, path: str, body: dict[str, Any] | None) -> tuple[int, Any]:
+        """(status, JSON-able body or text) for one request, as vLLM 0.32 answers it."""
+        if method == "GET" and path == "/v1/models":
+            base = {"id": self.base, "object": "model", "root": f"/models/{self.base}", "parent": None}
+            return 200, {"object": "list", "data": [base] + [
+                {"id": name, "object": "model", "root": root, "parent": self.base}
+                for name, root in self.adapters.items()]}
+        name = str((body or {}).get("lora_name") or "")
+        if method == "POST" and path == "/v1/load_lora_adapter":
+            if name in self.adapters:
+                return 400, {"error": {"message": f"The lora adapter '{name}' has already been loaded.",
+                                       "type": "InvalidUserInput", "code": 400}}
+            if name in self.refuse:
+                status, message = self.refuse[name]
+                return status, {"error": {"message": message, "type": "BadRequestError", "code": status}}
+            self.adapters[name] = str((body or {}).get("lora_path") or "")
+            return 200, f"Success: LoRA adapter '{name}' added successfully."
+        if method == "POST" and path == "/v1/unload_lora_adapter":
+            if name not in self.adapters:
+                return 404, {"error": {"message": f"The lora adapter '{name}' cannot be found.",
+                                       "type": "NotFoundError", "code": 404}}
+            del self.adapters[name]
+            return 200, f"Success: LoRA adapter '{name}' removed successfully."
+        return 404, {"detail": "Not Found"}
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        """The request handler class bound to this stand-in."""
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+            def respond(self, method: str) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                with fake.lock:
+                    fake.calls.append((method, self.path, body))
+                    if fake.api_key and self.headers.get("Authorization") != f"Bearer {fake.api_key}":
+                        status, payload = 401, {"error": "Unauthorized"}
+                    else:
+                        status, payload = fake.answer(method, self.path, body)
+                text = payload if isinstance(payload, str) else json.dumps(payload)
+                data = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:   # noqa: N802 (http.server's name)
+                self.respond("GET")
+
+            def do_POST(self) -> None:   # noqa: N802
+                self.respond("POST")
+
+        return Handler
+
+    def start(self) -> FakeVllm:
+        """Listen and serve in a daemon thread."""
+        self.server = QuietServer(("127.0.0.1", self.port), self.handler())
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening."""
         if self.server:
             self.server.shutdown()
             self.server.server_close()

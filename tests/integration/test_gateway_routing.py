@@ -3,7 +3,8 @@ scripts/ensure-test-tools.sh) running the configuration the gateway role renders
 servers on loopback (harness.backends): a conversation's requests stay on one replica (consistent hash of the
 X-Session-Id header, else the body's `user` field) with bounded load; a request without a key goes to the least
 busy one; a drained replica's keys move to the other and come back; a full queue answers 429 with Retry-After,
-never a 5xx, and so does a request that waited out the queue timeout.
+never a 5xx, and so does a request that waited out the queue timeout. vLLM's runtime LoRA load/unload paths are
+403 to clients in every spelling vLLM would route (percent-encoded too) and never reach a replica (issue 30).
 
 The prefix-cache hit rate that affinity buys is measured with real vLLM in the fleet scenario, not here."""
 
@@ -227,3 +228,30 @@ def test_a_request_that_waits_out_the_queue_gets_429_not_503(tmp_path: Path, bac
         statuses = collections.Counter(status for status, _, _ in answers)
         assert statuses == {200: 2, 429: 4}, answers
         assert all(retry == "2" for status, _, retry in answers if status == 429)
+
+
+# vLLM's runtime LoRA control (issue 30): the node loads and unloads adapters over loopback; a client never does.
+# vLLM (Starlette) matches the percent-decoded path, so an encoded spelling must be refused as well.
+LORA_CONTROL = ["/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/v1/load_lora_adapter/",
+                "/v1/unload_lora_adapter?lora_name=x", "/v1/load%5flora_adapter", "/v1/unload%5Flora%5Fadapter",
+                "/v1/%6coad_lora_adapter"]
+
+
+@pytest.mark.parametrize("method", ["POST", "GET"])
+def test_a_clients_lora_load_or_unload_is_refused_with_403_and_never_reaches_vllm(
+        gateway: Gateway, backends: list[NamedBackend], method: str) -> None:
+    body = json.dumps({"lora_name": "x", "lora_path": "/tmp/x"})
+    for path in LORA_CONTROL:
+        conn = http.client.HTTPSConnection("127.0.0.1", gateway.port, context=gateway.context, timeout=30)
+        try:
+            conn.request(method, path, body if method == "POST" else None,
+                         {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+            resp = conn.getresponse()
+            answer = resp.read()
+        finally:
+            conn.close()
+        assert resp.status == 403, (method, path, resp.status, answer)
+        assert b"path not served by this gateway" in answer, (path, answer)
+    assert [b.served for b in backends] == [0, 0], "a LoRA control request reached a replica"
+    # the rest of /v1/ still goes through
+    assert gateway.post({})[0] == 200

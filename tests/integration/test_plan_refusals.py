@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import tiny_models
 from harness import playbook
 
 STORY = ("-e", "vllm_node_model=kimi-k2.5-nvfp4", "-e", "vllm_node_gpu=rtx-pro-6000-blackwell",
@@ -149,3 +150,51 @@ def test_an_argument_spec_refusal_is_one_message_too(tmp_path: Path, case: str) 
     for needle in needles:
         assert needle in text, f"{needle!r} not in the refusal:\n" + "\n".join(lines)
     assert len(lines) <= REFUSAL_LINES, f"{len(lines)} lines:\n" + "\n".join(lines)
+
+
+# LoRA adapters (issue 30): tiny adapters generated like the tiny models, read from the controller by the plan.
+LORA_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+TINY_LLAMA_CPU = ("-e", f"@{Path(__file__).resolve().parents[1] / 'fixtures/catalog/models.yml'}",
+                  "-e", "vllm_node_model=tiny-llama", "-e", "vllm_node_gpu=cpu", "-e", "vllm_node_vllm_variant=cpu",
+                  "-e", "vllm_node_enable_lora=true", "-e", "vllm_node_max_loras=1", "-e", "vllm_node_max_lora_rank=16")
+
+
+def lora_adapters(tmp_path: Path, *specs: tuple[str, dict[str, object]]) -> tuple[str, str]:
+    """-e vllm_node_lora_adapters=[...] for tiny-llama, each adapter written by tiny_models.write_adapter."""
+    entries = []
+    for name, shape in specs:
+        path = tiny_models.write_adapter(tmp_path / "hub", name, "tiny-llama", **shape)
+        entries.append({"name": name, "repository": f"vllm-node-test/{name}", "revision": LORA_COMMIT,
+                        "base": "tiny-llama", "path": str(path)})
+    return "-e", json.dumps({"vllm_node_lora_adapters": entries})
+
+
+@pytest.mark.parametrize(("case", "shape", "needles"), [
+    ("another-base", {"trained_on": "tiny-deepseek-v3", "targets": ("o_proj",)},
+     ["Cannot serve the LoRA adapters of vllm_node_lora_adapters on tiny-llama",
+      "adapter another-base was not trained for tiny-llama", "vllm-node-test/tiny-deepseek-v3",
+      "Use an adapter trained on tiny-llama"]),
+    ("rank-64", {"rank": 64},
+     ["adapter rank-64 has rank 64, above the plan's max_lora_rank 16", "set vllm_node_max_lora_rank to 64"]),
+])
+def test_plan_refuses_a_bad_lora_adapter_naming_it_the_base_and_the_fix(
+        tmp_path: Path, case: str, shape: dict[str, object], needles: list[str]) -> None:
+    rc, out, seconds = playbook.run("playbooks/plan.yml", "-e", f"vllm_node_plan_file={tmp_path / 'plan.json'}",
+                                    *TINY_LLAMA_CPU, *lora_adapters(tmp_path, ("good", {}), (case, shape)),
+                                    timeout=300)
+    lines = assert_one_message(rc, out, seconds, needles)
+    print(f"\nlora {case}: rc={rc} in {seconds:.1f} s, refusal {len(lines)} lines")
+    assert not (tmp_path / "plan.json").exists(), "nothing is planned from a bad adapter"
+
+
+def test_plan_serves_good_adapters_from_their_pinned_directory(tmp_path: Path) -> None:
+    adapters = lora_adapters(tmp_path, ("good", {}), ("mlp", {"targets": ("down_proj",)}))
+    rc, out, _ = playbook.run("playbooks/plan.yml", "-e", f"vllm_node_plan_file={tmp_path / 'plan.json'}",
+                              *TINY_LLAMA_CPU, *adapters, timeout=300)
+    assert rc == 0, out[-3000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["lora"]["max_loras"] == 2 and [a["checked"] for a in plan["lora"]["adapters"]] == [True, True]
+    assert plan["service"]["lora_modules"] == [
+        "--lora-modules", f"good=/srv/vllm/models/lora/vllm-node-test/good/{LORA_COMMIT}",
+        f"mlp=/srv/vllm/models/lora/vllm-node-test/mlp/{LORA_COMMIT}"]
+    assert any("max_loras raised from 1 to 2" in note for note in plan["notes"])

@@ -55,6 +55,9 @@ def planned_environment(s: Sizing) -> dict[str, str]:
         environment["VLLM_CPU_KVCACHE_SPACE"] = str(s.device.total // GiB)
     # The engine core's start-up allowance, from the plan's predicted load (vLLM's default is 600 s).
     environment["VLLM_ENGINE_READY_TIMEOUT_S"] = str(dict(s.startup)["engine_ready_timeout_seconds"])
+    if lora.resolve(s.inputs.enable_lora, s.inputs.max_loras, s.inputs.max_lora_rank) is not None:
+        # adapters added or removed later are loaded and unloaded at runtime (module lora_adapters_sync)
+        environment["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     partition = s.inputs.pp_layer_partition
     if partition:
         environment["VLLM_PP_LAYER_PARTITION"] = (partition if isinstance(partition, str)
@@ -85,6 +88,7 @@ _OWNED_FLAGS = {
     "--enable-lora": "vllm_node_enable_lora (adapter memory is sized)",
     "--max-loras": "vllm_node_max_loras (adapter memory is sized)",
     "--max-lora-rank": "vllm_node_max_lora_rank (adapter memory is sized)",
+    "--lora-modules": "vllm_node_lora_adapters (checked against the base, loaded without a restart)",
     "--speculative-config": "vllm_node_speculative_config (the drafter's KV layers and weights are sized)",
     "--trust-remote-code": "serving.trust_remote_code of the model's catalog entry",
     "--reasoning-parser": "serving.reasoning_parser of the model's catalog entry",
@@ -96,6 +100,7 @@ _ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size",
 _OWNED_ENVIRONMENT = {
     "VLLM_ENGINE_READY_TIMEOUT_S": "vllm_node_load_mib_per_second (the start-up budget) or preflight_start_timeout",
     "VLLM_PP_LAYER_PARTITION": "vllm_node_pp_layer_partition (the stages' layers are sized)",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "vllm_node_enable_lora (adapters are loaded and unloaded at runtime)",
 }
 # Plans without a start-up budget (made by hand): the unit's start timeout from the checkpoint, as before.
 # After the graceful shutdown systemd waits this long for the engine's teardown before it kills what is left.
@@ -214,4 +219,15 @@ def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, An
                "stop_timeout": inputs.shutdown_timeout + _TEARDOWN_SECONDS}
     digest = hashlib.sha256(json.dumps(command, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     # Where it listens, as the argv says it: the health URL is built from these (one source for --host/--port).
-    return dict(command, fingerprint=digest, listen_address=inputs.listen_address, port=inputs.port)
+    # The adapters served at start are outside the fingerprint: an adapter change is loaded at runtime, not by a
+    # restart; the unit reads them from a file of their own (vllm_service) when it starts.
+    return dict(command, fingerprint=digest, listen_address=inputs.listen_address, port=inputs.port,
+                lora_modules=lora_modules(plan))
+
+
+def lora_modules(plan: dict[str, Any]) -> list[str]:
+    """--lora-modules name=path ... for the plan's adapters ([] when it has none)."""
+    adapters = (plan.get("lora") or {}).get("adapters") or []
+    if not adapters:
+        return []
+    return ["--lora-modules"] + [f"{a['name']}={a['path']}" for a in adapters]

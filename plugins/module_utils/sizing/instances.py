@@ -127,7 +127,32 @@ def instance_args(args: Mapping[str, Any], instance: Instance, gpus: Sequence[in
     single.update(_node_wide_extras(args, instance.knobs))
     if cuda and gpus is not None:
         single["extra_environment"] = dict(single["extra_environment"], CUDA_VISIBLE_DEVICES=",".join(map(str, gpus)))
+    single["lora_adapters"] = instance_adapters(args.get("lora_adapters"), instance)
     return single
+
+
+def _adapter_base(adapter: Any) -> str:
+    return str(adapter.get("base") or "") if isinstance(adapter, Mapping) else ""
+
+
+def instance_adapters(adapters: Any, instance: Instance) -> Any:
+    """The LoRA adapters one instance serves: those whose base is the instance's name (named as its model for the
+    single plan's check) or its model."""
+    if not isinstance(adapters, (list, tuple)):
+        return adapters
+    return [dict(a, base=instance.model) if _adapter_base(a) == instance.name else a
+            for a in adapters if _adapter_base(a) in (instance.name, instance.model)]
+
+
+def refuse_orphan_adapters(adapters: Any, instances: Sequence[Instance]) -> None:
+    """SizingError for an adapter whose base is no instance's name or model (it would be served nowhere)."""
+    known = sorted({i.name for i in instances} | {i.model for i in instances})
+    for adapter in adapters if isinstance(adapters, (list, tuple)) else []:
+        if _adapter_base(adapter) not in known:
+            name = adapter.get("name") if isinstance(adapter, Mapping) else repr(adapter)
+            raise SizingError(f"adapter {name} "
+                              f"belongs to base {_adapter_base(adapter) or '(none)'}, which no instance serves: set "
+                              f"its base to an instance or its model ({', '.join(known)})")
 
 
 def _node_wide_extras(args: Mapping[str, Any], knobs: Mapping[str, Any]) -> dict[str, Any]:
@@ -387,6 +412,7 @@ def instances_plan(args: Mapping[str, Any], planner: Planner) -> dict[str, Any]:
     total = node_gpu.count if cuda else 1
     base_port = int(knob_count("port", args.get("port", 8000), auto=None, example="8000"))
     instances = instances_from(args.get("instances"), total, base_port, cuda)
+    refuse_orphan_adapters(args.get("lora_adapters"), instances)
     topology = Topology.of(args.get("topology") if cuda else None, total)
     groups = place(topology, [i.gpus for i in instances]) if cuda else [() for _ in instances]
     rows = []

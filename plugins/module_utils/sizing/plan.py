@@ -218,7 +218,8 @@ _NODE_PLAN_ARGS = (
     "vllm_version", "vllm_variant",
     "tensor_parallel_size", "pipeline_parallel_size", "node_count", "pp_layer_partition", "load_mib_per_second",
     "decode_context_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len", "enforce_eager",
-    "enable_lora", "max_loras", "max_lora_rank", "cpu_amx", "model_root", "model_dir", "listen_address", "port",
+    "enable_lora", "max_loras", "max_lora_rank", "lora_adapters", "cpu_amx", "model_root", "model_dir",
+    "listen_address", "port",
     "extra_args", "extra_environment", "start_timeout", "shutdown_timeout", "instances", "topology",
     # warm starts (sizing/warmstart.py): the loader knobs, its catalog, the lock catalog, the node's driver
     "load_format", "load_disk", "loaders", "locks", "driver",
@@ -297,6 +298,20 @@ def _service_inputs(args: Mapping[str, Any], repo: str, serving: Any) -> Service
                                     minimum=0, example="30"))
 
 
+def _adapters(args: Mapping[str, Any], knobs: dict[str, Any], model: ModelRequest) -> lora.AdapterPlan | None:
+    """The inventory's LoRA adapters checked against the model and the slots (None: none listed). Their files
+    live on the node under <model_root>/lora/<repository>/<revision>."""
+    repo = str(model.entry.get("repo") or "")
+    served = str(model.served_model_name or repo or model.key)
+    try:
+        return lora.plan_adapters(
+            args.get("lora_adapters"), lora.resolve(knobs["enable_lora"], knobs["max_loras"], knobs["max_lora_rank"]),
+            base=model.key, base_names=tuple(n for n in (model.key, repo, served) if n), config=model.config,
+            served_model_name=served, adapter_root=f"{args.get('model_root') or '/srv/vllm/models'}/lora")
+    except SizingError as exc:
+        raise SizingError(f"Cannot serve the LoRA adapters of vllm_node_lora_adapters on {model.key}: {exc}") from exc
+
+
 def node_plan(args: Mapping[str, Any]) -> dict[str, Any]:
     """vllm_node_plan: the plan with its service block, from the knobs as the inventory gives them.
 
@@ -324,6 +339,9 @@ def node_plan(args: Mapping[str, Any]) -> dict[str, Any]:
                       variant=knobs["vllm_variant"], gpu_count=args.get("gpu_count", "auto"),
                       cpu_kv_cache_space_gib=args.get("cpu_kv_cache_space_gib"), host=host,
                       source=str(args.get("gpu_source") or ""))
+    adapters = _adapters(args, knobs, model)
+    if adapters is not None:   # more adapters than slots: the raised count is what the plan sizes
+        knobs["max_loras"] = adapters.settings.max_loras
     kwargs = _sizing_kwargs(args, knobs, model, gpu)
     warm = warmstart.resolve(args, vllm_version=knobs["vllm_version"], vllm_variant=knobs["vllm_variant"],
                              gpus_per_node=gpu.count, load_mib_per_second=knobs["load_mib_per_second"])
@@ -335,6 +353,9 @@ def node_plan(args: Mapping[str, Any]) -> dict[str, Any]:
         sized = plan(PlanInputs.from_kwargs(model.config, **kwargs))
         sized.update(config_source=model.config_source, revision=model.entry.get("revision") or "main",
                      checkpoint_bytes=model.checkpoint_bytes)
+        if adapters is not None:
+            sized["lora"]["adapters"] = [dict(a) for a in adapters.adapters]
+            sized["notes"] = list(sized["notes"]) + list(adapters.notes)
         sized["service"] = service_command(sized, service_inputs)
         if warm is not None:
             sized.update(warmstart.blocks(sized, warm, gpu_key=gpu.key, gpu_entry=gpu.entry,

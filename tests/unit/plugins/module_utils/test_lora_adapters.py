@@ -63,6 +63,7 @@ def test_an_adapter_of_another_base_is_refused_naming_both(hub: Path, base_shape
     assert "vllm-node-test/tiny-deepseek-v3" in problems[0]
     # tiny-deepseek-v3's o_proj maps 4 heads x 128 = 512 to hidden 128; tiny-llama's 128 to 64
     assert "maps 512 inputs to 128 outputs where the base's o_proj maps 128 to 64" in problems[0]
+    assert problems[0].count("maps 512 inputs") == 1, "each reason once, not once per layer"
 
 
 def test_a_module_the_base_lacks_is_named(hub: Path, base_shapes) -> None:
@@ -111,3 +112,30 @@ def test_next_rank_is_the_smallest_choice_that_holds_it(rank: int) -> None:
 def test_next_rank_above_every_choice_is_refused() -> None:
     with pytest.raises(ValueError, match="above every"):
         la.next_rank(513)
+
+
+def test_the_bases_linear_layers_come_from_config_json_alone(base_shapes) -> None:
+    """tiny-llama's q/k/v/o and gate/up/down as its checkpoint has them, from config.json alone."""
+    derived = la.base_linear_shapes(tiny_models.LLAMA_CONFIG)
+    assert derived == {name: shape for name, shape in base_shapes.items()
+                       if name.startswith("model.layers.") and len(shape) == 2}
+
+
+def test_mla_and_moe_bases_give_the_projections_vllm_wraps_only() -> None:
+    """tiny DeepSeek-V3 (MLA, MoE): o_proj with its heads x v_head_dim input; no q/k/v, no MLP of experts."""
+    config = tiny_models.DEEPSEEK_CONFIG
+    derived = la.base_linear_shapes(config)
+    heads, v_dim = config["num_attention_heads"], config["v_head_dim"]
+    assert derived == {f"model.layers.{i}.self_attn.o_proj.weight": (config["hidden_size"], heads * v_dim)
+                       for i in range(config["num_hidden_layers"])}
+    real = tiny_models.deepseek_shapes(config)
+    assert all(real[name] == shape for name, shape in derived.items())
+    assert la.base_linear_shapes({}) == {}
+
+
+def test_adapter_metadata_is_json_data_of_the_files(hub: Path) -> None:
+    metadata = la.adapter_metadata(hub / "tiny-llama-lora")
+    assert metadata["config"]["r"] == 8 and json.loads(json.dumps(metadata)) == metadata
+    assert metadata["shapes"]["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"] == [64, 8]
+    with pytest.raises(FileNotFoundError):
+        la.adapter_metadata(hub / "missing")
