@@ -44,8 +44,8 @@ def test_service_processes_of_a_real_process_tree(tmp_path: Path) -> None:
     """This test's own process with a child that burns CPU and a grandchild that sleeps."""
     script = ("import subprocess, sys, time\n"
               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'])\n"
-              "end = time.time() + 0.5\n"
-              "while time.time() < end: pass\n"
+              # burns 0.5 s of its own CPU time, however loaded the machine is (wall time would not)
+              "while time.process_time() < 0.5: pass\n"
               "print(child.pid, flush=True)\n"
               "time.sleep(30)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
