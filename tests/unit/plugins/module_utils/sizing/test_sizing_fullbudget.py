@@ -13,9 +13,13 @@ from sizing_groundtruth import load_releases
 
 ROWS = fb.rows()
 SCORE = fb.score(ROWS)
-# What the set scored when issue 26's rules went in (22 of 27, 81 %): a later change may only do better. The issue's
-# target (>= 90 %) is not reached; the misses are listed in MISSES with their reason.
-FLOOR_WITHIN = 22
+# What the set scores now (28 of 37, 76 %; 22 of 27 before the A100 logs and the per-rank MXFP4 padding): a later
+# change may only do better. The issue's target (>= 90 %) is not reached; every miss is listed in MISSES with its
+# reason, and every one of them errs low (the safety test below).
+FLOOR_WITHIN = 28
+_FLASHINFER_SAMPLER = ("the log's environment samples with FlashInfer ('Using FlashInfer for top-p & top-k "
+                       "sampling'; overhead ~0.6-0.9 GiB in all), the plan charges the PyTorch-native sort's 10 "
+                       "logits copies for 0.10, which vllm#23278 (0.10.1, H100) needed: errs low")
 MISSES = {
     "llmd-h100-qwen3-32b-tp1:available_kv_gib": "4.45 GiB left of 71.26: the 1 % weights margin and the floor alone "
                                                 "are 30 % of it (errs low)",
@@ -28,18 +32,23 @@ MISSES = {
     "vllm-gce-a100-40gb-llama-3.1-8b-eager:available_kv_gib": "A100 40GB outside the catalog (1 GiB assumed "
                                                              "invisible to torch) and vLLM 0.15's sampler "
                                                              "unmeasured (10 copies assumed): errs low",
+    "dennislee-a100-qwen2-7b-util050:available_kv_gib": _FLASHINFER_SAMPLER + " by 1.7 GiB",
+    "dennislee-a100-qwen2-7b-util025:available_kv_gib": _FLASHINFER_SAMPLER + " by 1.7 GiB (of 5.01)",
+    "dennislee-a100-qwen2-7b-tp2:available_kv_gib": _FLASHINFER_SAMPLER + " by 2.0 GiB",
+    "dennislee-4x-a100-gpt-oss-120b-tp4:available_kv_gib": _FLASHINFER_SAMPLER + " by 3.2 GiB (also TP 4 over four "
+                                                                              "nodes: no custom all-reduce)",
 }
 
 
 def test_every_log_cites_its_source_version_and_words() -> None:
     for log in fb.load_logs():
-        assert log["source_url"].startswith("https://github.com/"), log["id"]
+        assert log["source_url"].startswith("https://"), log["id"]
         assert log["vllm_version"] and log["quote"] and log["expect"], log["id"]
         assert set(log["expect"]) <= {"weights_gib", "available_kv_gib", "kv_tokens"}, log["id"]
 
 
 def test_the_set_is_broad_and_has_blackwell() -> None:
-    assert SCORE["logs"] >= 15 and SCORE["sources"] >= 6 and SCORE["figures"] >= 25
+    assert SCORE["logs"] >= 15 and SCORE["sources"] >= 8 and SCORE["figures"] >= 25
     gpus = {log.get("gpu") for log in fb.load_logs()}
     assert {"rtx-pro-6000-blackwell", "rtx-5090"} <= gpus and "h100-80gb" in gpus
 
@@ -52,6 +61,12 @@ def test_safety_the_plan_never_finds_more_kv_than_vllm_had() -> None:
     for row in kv:   # vLLM found no room: neither may the plan
         if row["logged"] <= 0:
             assert row["predicted"] <= 0, row["log"]
+
+
+def test_every_available_kv_miss_errs_low() -> None:
+    """Where the plan misses vLLM's available KV by more than the tolerance, it is below vLLM's figure, never above."""
+    misses = [r for r in ROWS if r["quantity"] == "available_kv_gib" and not r["within"]]
+    assert misses and all(r["predicted"] < r["logged"] for r in misses), [r["log"] for r in misses]
 
 
 def test_figures_within_tolerance_do_not_regress() -> None:
