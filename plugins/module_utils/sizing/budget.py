@@ -240,7 +240,7 @@ def comm_growth(tp: int, rel: Releases) -> int:
 
 
 def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
-                    version: str = "0.33.0") -> tuple[int, str]:
+                    version: str = "0.33.0", flashinfer: bool = False) -> tuple[int, str]:
     """The profile run's torch peak above the weights (+ non-torch growth); and how that was made.
 
     vLLM's profile run (gpu_model_runner.py profile_run) is, in turn: the multimodal encoder on dummy items, a
@@ -248,7 +248,9 @@ def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
     (_dummy_sampler_run). Each phase's activations are freed before the next, so the peak is the largest of the
     three, not their sum. The sampler's peak (logits, penalties, softmax, top-k/top-p sort values and int64
     indices) is the release rule sampler_logits_copies x max_num_seqs x vocab x 4 B (10 copies while vLLM sorted
-    the vocab, 2 since its top-k/top-p kernel does not; the evidence is in the releases data).
+    the vocab, 2 since its top-k/top-p kernel does not; the evidence is in the releases data). With FlashInfer
+    installed (``flashinfer``) the rule is sampler_logits_copies_flashinfer: the releases that sample with its kernel
+    by default do not sort either.
     """
     mnbt = batch.max_num_batched_tokens
     hidden = shape.hidden_size or 8192   # unknown hidden size: assume a large model (conservative)
@@ -256,7 +258,8 @@ def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
     if shape.top_k:
         forward.append(("MoE workspaces", mnbt * shape.top_k * hidden * 2 * estimate(rel, "moe_workspace_multiplier")))
     vocab = shape.vocab_size or 152064
-    sampler = min(batch.max_num_seqs, mnbt) * vocab * 4 * float(rule(rel, "sampler_logits_copies", version))
+    copies = rule(rel, "sampler_logits_copies_flashinfer" if flashinfer else "sampler_logits_copies", version)
+    sampler = min(batch.max_num_seqs, mnbt) * vocab * 4 * float(copies)
     phases = [("forward (" + " + ".join(f"{n} {v / GiB:.2f}" for n, v in forward) + ")", sum(v for _, v in forward)),
               (f"sampler warm-up of {min(batch.max_num_seqs, mnbt):,} requests", sampler)]
     if shape.has_vision:
@@ -381,7 +384,7 @@ def cuda_budget(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device:
     spec = speculative.resolve(inputs.config, inputs.speculative_config)
     skipped = skipped_mtp_bytes(inputs.config, shape, ckpt, spec)
     ckpt -= skipped
-    activation, activation_text = activation_peak(shape, batch, rel, par.tp, version)
+    activation, activation_text = activation_peak(shape, batch, rel, par.tp, version, inputs.flashinfer_sampler)
     bases = _stage_budgets(inputs, shape, layout, device, par, ckpt, activation)
     default_util = float(rule(rel, "gpu_memory_utilization_default", version))
     max_util = max(default_util, estimate(rel, "max_auto_gpu_memory_utilization"))
