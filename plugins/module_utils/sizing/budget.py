@@ -132,13 +132,16 @@ def torch_total(inputs: PlanInputs, device: Device) -> tuple[int, str]:
 
 
 def mxfp4_padding_bytes(config: dict[str, Any], shape: ModelShape, compute_capability: Any, rel: Releases,
-                        version: str) -> int:
-    """Extra bytes (whole model) vLLM allocates for MXFP4 MoE experts on GPUs without native FP4 (cc < 10).
+                        version: str, tp: int = 1) -> int:
+    """Extra bytes per tensor parallel rank (all layers) vLLM allocates for MXFP4 MoE experts on GPUs without
+    native FP4 (cc < 10).
 
-    The backends round the experts' hidden and intermediate sizes up to their tiles (release rule
-    mxfp4_moe_alignment, with its evidence): gpt-oss's hidden 2880 becomes 3072 (+6.7 % per expert), and on
-    Marlin the intermediate 2880 becomes 2944. Expert bytes: layers x experts x 3 x hidden x intermediate x
-    4.25 bits (e2m1 + one e8m0 scale per 32 values).
+    The backends round each rank's expert shard up to their tiles (release rule mxfp4_moe_alignment, with its
+    evidence): gpt-oss's hidden 2880 becomes 3072 (+6.7 % per expert), and on Marlin the rank's intermediate
+    (2880 / TP) is rounded up to 128: 2880 -> 2944 at TP 1, 720 -> 768 at TP 4 (+6.7 %, not the +2.2 % of the
+    whole 2880: gpt-oss-120b at TP 4 on A100 loaded 17.22 GiB per GPU, vLLM 0.10.1, dennislee22/vLLM-benchmarking;
+    the whole-model rounding gave 16.65). Expert bytes: layers x experts x 3 x hidden x intermediate x 4.25 bits
+    (e2m1 + one e8m0 scale per 32 values).
     """
     tc = config.get("text_config") or config
     quant = tc.get("quantization_config") or config.get("quantization_config") or {}
@@ -157,8 +160,9 @@ def mxfp4_padding_bytes(config: dict[str, Any], shape: ModelShape, compute_capab
         return 0
     table = rule(rel, "mxfp4_moe_alignment", version)
     align_h, align_i = (int(x) for x in table.get(str(major), table["default"]))
-    padded = (-(-hidden // align_h) * align_h) * (-(-inter // align_i) * align_i)
-    return int(shape.num_layers * experts * 3 * (padded - hidden * inter) * 4.25 / 8)
+    shard = -(-inter // max(tp, 1))
+    padded = (-(-hidden // align_h) * align_h) * (-(-shard // align_i) * align_i)
+    return int(shape.num_layers * experts * 3 * (padded - hidden * shard) * 4.25 / 8)
 
 
 def skipped_mtp_bytes(config: dict[str, Any], shape: ModelShape, checkpoint_bytes: int, spec: Any) -> int:
@@ -236,7 +240,7 @@ def comm_growth(tp: int, rel: Releases) -> int:
 
 
 def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
-                    version: str = "0.33.0") -> tuple[int, str]:
+                    version: str = "0.33.0", flashinfer: bool = False) -> tuple[int, str]:
     """The profile run's torch peak above the weights (+ non-torch growth); and how that was made.
 
     vLLM's profile run (gpu_model_runner.py profile_run) is, in turn: the multimodal encoder on dummy items, a
@@ -244,7 +248,9 @@ def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
     (_dummy_sampler_run). Each phase's activations are freed before the next, so the peak is the largest of the
     three, not their sum. The sampler's peak (logits, penalties, softmax, top-k/top-p sort values and int64
     indices) is the release rule sampler_logits_copies x max_num_seqs x vocab x 4 B (10 copies while vLLM sorted
-    the vocab, 2 since its top-k/top-p kernel does not; the evidence is in the releases data).
+    the vocab, 2 since its top-k/top-p kernel does not; the evidence is in the releases data). With FlashInfer
+    installed (``flashinfer``) the rule is sampler_logits_copies_flashinfer: the releases that sample with its kernel
+    by default do not sort either.
     """
     mnbt = batch.max_num_batched_tokens
     hidden = shape.hidden_size or 8192   # unknown hidden size: assume a large model (conservative)
@@ -252,7 +258,8 @@ def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
     if shape.top_k:
         forward.append(("MoE workspaces", mnbt * shape.top_k * hidden * 2 * estimate(rel, "moe_workspace_multiplier")))
     vocab = shape.vocab_size or 152064
-    sampler = min(batch.max_num_seqs, mnbt) * vocab * 4 * float(rule(rel, "sampler_logits_copies", version))
+    copies = rule(rel, "sampler_logits_copies_flashinfer" if flashinfer else "sampler_logits_copies", version)
+    sampler = min(batch.max_num_seqs, mnbt) * vocab * 4 * float(copies)
     phases = [("forward (" + " + ".join(f"{n} {v / GiB:.2f}" for n, v in forward) + ")", sum(v for _, v in forward)),
               (f"sampler warm-up of {min(batch.max_num_seqs, mnbt):,} requests", sampler)]
     if shape.has_vision:
@@ -336,11 +343,11 @@ def _stage_budgets(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, devi
     # Outside vLLM's budget: what the driver keeps from torch, the CUDA context, NCCL's communicators.
     non_torch = int(device.total - total + estimate(rel, "cuda_context_gib") * GiB
                     + (estimate(rel, "nccl_gib_if_distributed") * GiB if par.tp * par.pp > 1 else 0))
-    padding = mxfp4_padding_bytes(inputs.config, shape, device.compute_capability, rel, version)
+    padding = mxfp4_padding_bytes(inputs.config, shape, device.compute_capability, rel, version, par.tp)
     out = []
     for rank, (weights, text) in enumerate(weights_per_stage(shape, ckpt, par.tp, counts, rel)):
         if padding:
-            extra = int(padding * counts[rank] / max(1, sum(counts)) / par.tp)
+            extra = int(padding * counts[rank] / max(1, sum(counts)))
             weights += extra
             text += f", + {format_bytes(extra)} of MXFP4 experts padded to the tiles of a GPU without native FP4"
         if spec is not None and spec.draft_bytes and rank == par.pp - 1:
@@ -377,7 +384,7 @@ def cuda_budget(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device:
     spec = speculative.resolve(inputs.config, inputs.speculative_config)
     skipped = skipped_mtp_bytes(inputs.config, shape, ckpt, spec)
     ckpt -= skipped
-    activation, activation_text = activation_peak(shape, batch, rel, par.tp, version)
+    activation, activation_text = activation_peak(shape, batch, rel, par.tp, version, inputs.flashinfer_sampler)
     bases = _stage_budgets(inputs, shape, layout, device, par, ckpt, activation)
     default_util = float(rule(rel, "gpu_memory_utilization_default", version))
     max_util = max(default_util, estimate(rel, "max_auto_gpu_memory_utilization"))

@@ -54,6 +54,7 @@ class PlanInputs:
     node_count: Any = 1                    # nodes one replica spans (gpu_count is per node); PP across them
     load_mib_per_second: Any = None        # weights one GPU loads per second (start-up budget); None: 138
     enforce_eager: bool = False
+    flashinfer_sampler: bool = False       # FlashInfer is installed (sampler warm-up: its release rule)
     model_key: str = ""
     repo: str = ""
     served_model_name: str = ""

@@ -13,9 +13,11 @@ from sizing_groundtruth import load_releases
 
 ROWS = fb.rows()
 SCORE = fb.score(ROWS)
-# What the set scored when issue 26's rules went in (22 of 27, 81 %): a later change may only do better. The issue's
-# target (>= 90 %) is not reached; the misses are listed in MISSES with their reason.
-FLOOR_WITHIN = 22
+# What the set scores now (32 of 37, 86 %; 22 of 27 before the A100 logs, the per-rank MXFP4 padding, the
+# FlashInfer sampler rule and the A100 40GB in the catalog): a later change may only do better. The issue's target
+# (>= 90 %) is not reached; every miss is listed in MISSES with its reason, and every one of them errs low (the
+# safety test below).
+FLOOR_WITHIN = 32
 MISSES = {
     "llmd-h100-qwen3-32b-tp1:available_kv_gib": "4.45 GiB left of 71.26: the 1 % weights margin and the floor alone "
                                                 "are 30 % of it (errs low)",
@@ -25,23 +27,24 @@ MISSES = {
     "llmd-h100-mistral-small-3.2-24b:available_kv_gib": "2.12 GiB activation logged, below the sampler warm-up of "
                                                         "the text-only logs of the same campaign (errs low)",
     "vllm-27508-gpt-oss-120b-h100:available_kv_gib": "1.71 GiB left: 0.16 GiB low is 9.5 % (errs low)",
-    "vllm-gce-a100-40gb-llama-3.1-8b-eager:available_kv_gib": "A100 40GB outside the catalog (1 GiB assumed "
-                                                             "invisible to torch) and vLLM 0.15's sampler "
-                                                             "unmeasured (10 copies assumed): errs low",
+    "dennislee-a100-qwen2-7b-util025:available_kv_gib": "5.01 GiB left at utilization 0.25: the 0.5 GiB floor and "
+                                                        "0.25 GiB non-torch growth alone exceed the 0.55 GiB vLLM "
+                                                        "0.10.1 used for everything besides weights and KV (errs low "
+                                                        "by 0.57 GiB)",
 }
 
 
 def test_every_log_cites_its_source_version_and_words() -> None:
     for log in fb.load_logs():
-        assert log["source_url"].startswith("https://github.com/"), log["id"]
+        assert log["source_url"].startswith("https://"), log["id"]
         assert log["vllm_version"] and log["quote"] and log["expect"], log["id"]
         assert set(log["expect"]) <= {"weights_gib", "available_kv_gib", "kv_tokens"}, log["id"]
 
 
 def test_the_set_is_broad_and_has_blackwell() -> None:
-    assert SCORE["logs"] >= 15 and SCORE["sources"] >= 6 and SCORE["figures"] >= 25
+    assert SCORE["logs"] >= 15 and SCORE["sources"] >= 8 and SCORE["figures"] >= 25
     gpus = {log.get("gpu") for log in fb.load_logs()}
-    assert {"rtx-pro-6000-blackwell", "rtx-5090"} <= gpus and "h100-80gb" in gpus
+    assert {"rtx-pro-6000-blackwell", "rtx-5090"} <= gpus and {"h100-80gb", "a100-80gb", "a100-40gb"} <= gpus
 
 
 def test_safety_the_plan_never_finds_more_kv_than_vllm_had() -> None:
@@ -52,6 +55,28 @@ def test_safety_the_plan_never_finds_more_kv_than_vllm_had() -> None:
     for row in kv:   # vLLM found no room: neither may the plan
         if row["logged"] <= 0:
             assert row["predicted"] <= 0, row["log"]
+
+
+def test_every_available_kv_miss_errs_low() -> None:
+    """Where the plan misses vLLM's available KV by more than the tolerance, it is below vLLM's figure, never above."""
+    misses = [r for r in ROWS if r["quantity"] == "available_kv_gib" and not r["within"]]
+    assert misses and all(r["predicted"] < r["logged"] for r in misses), [r["log"] for r in misses]
+
+
+def test_the_flashinfer_sampler_counts_only_where_the_release_uses_it() -> None:
+    """FlashInfer installed: vLLM 0.9.1-0.10.1 and 0.24+ sample without sorting the vocab; 0.11-0.23 sort anyway.
+    Unknown (the default) charges the sort: less KV, never more."""
+    releases = load_releases()
+    log = next(entry for entry in fb.load_logs() if entry["id"] == "dennislee-a100-qwen2-7b-util050")
+    assert log["knobs"]["flashinfer_sampler"] is True
+    unknown = dict(log, knobs={k: v for k, v in log["knobs"].items() if k != "flashinfer_sampler"})
+    versions = ("0.9.0", "0.10.1", "0.11.0", "0.23.0", "0.24.0")
+    kv = {(version, fi): fb.predict(dict(entry, vllm_version=version), releases)[1]
+          for version in versions for fi, entry in ((True, log), (False, unknown))}
+    sampler_gib = 256 * 152064 * 4 * 8 / fb.GiB   # 10 copies against 2
+    assert kv["0.10.1", True] - kv["0.10.1", False] == pytest.approx(sampler_gib, abs=0.01)
+    for version in ("0.9.0", "0.11.0", "0.23.0", "0.24.0"):
+        assert kv[version, True] == pytest.approx(kv[version, False], abs=1e-9), version
 
 
 def test_figures_within_tolerance_do_not_regress() -> None:
