@@ -35,6 +35,14 @@ options:
     description: Seconds one request may take (a load reads the adapter's weights).
     type: int
     default: 120
+attributes:
+  check_mode:
+    support: full
+    description: Reads what vLLM serves and reports what would be loaded and unloaded (with a diff); sends no load or
+      unload.
+  diff_mode:
+    support: full
+    description: The served adapters before and after.
 author: vllm-node
 """
 
