@@ -13,8 +13,8 @@ The sequence (file order; pytest -x, each step starts from the state the one bef
      naming it and the cause, 0 failed requests, a long generation in flight when each drain began
 The client loop (steps 03 and 05): 8 concurrent clients through the gateway, streamed and not in turn. Six send short
 completions with a think time between two; two send long generations (as many tokens as the smallest max-model-len
-in force leaves, ignore_eos) back to back, the second started later, only while a batch runs up to its node's drain
-(the gate), so about two are in flight when each drain begins and none while nodes converge.
+in force leaves, ignore_eos) back to back, the second started later, only from shortly before each drain until it
+began (the gate: gate_rules), so some are in flight when each drain begins and none while the nodes converge.
 Measurements go to artifacts/fleet/measurements.json (per step: seconds, client counts and p50/p99 per kind, each
 node's drain start, wait and what was in flight then, time out of the pool, stop and start seconds); each run's output
 to artifacts/fleet/<step>.log, the client loop's counts and every request to artifacts/fleet/client-<step>.json.
@@ -26,6 +26,7 @@ import json
 import re
 import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,11 +62,14 @@ CLIENT_MAX_SECONDS = 3600
 # engines busy for the whole rollout and took over half of the CI machine's CPU (docs/measurements.md).
 SHORT_TOKENS, SHORT_CLIENTS, SHORT_THINK = 8, 6, 3.0
 LONG_CLIENTS, LONG_THINK, LONG_STAGGER = 2, 1.0, 8.0
-# Where the rollout's log opens and closes the long generations' gate: a batch's play begins (the node's own tasks
-# before its drain take longer than a long generation's stagger), and the drained node's wait for its requests began
-# (the drain is set: what is in flight then is what the drain waits for).
-GATE_OPEN = r"^PLAY \[Change the nodes batch by batch"
-GATE_CLOSE = r"^TASK \[[^\]]*Wait \(bounded, rollout_drain_timeout\)"
+# Where the rollout's log opens and closes the long generations' gate, so that they run ~10-30 s before each drain
+# (on an idle machine) and not while nodes converge. Open: the first time the service role checks its plan (the check
+# play, ~25 s before the first drain), and when a batch's node passed its benchmark (~9 s before the next batch's
+# drain); the tasks right before a drain take only ~2 s, too little for the clients to start. Closed: the drained
+# node's wait for its requests began (the drain is set: what is in flight then is what it waits for), and the recap.
+FIRST_OPEN = r"^TASK \[[^\]]*vllm_service : Check the plan before anything changes\]"
+NEXT_OPEN = r"^TASK \[[^\]]*inference_check : Judge the endpoint\]"
+GATE_CLOSE = r"^(TASK \[[^\]]*Wait \(bounded, rollout_drain_timeout\)|PLAY RECAP)"
 LONG_TIMEOUT = 900        # seconds a long generation's socket may wait (a non-streamed answer comes whole at the end)
 PROMPT_MARGIN = 128       # tokens of max-model-len left for the prompt and the chat template
 DRAIN_TIMEOUT = yaml.safe_load((PROJECT / "roles" / "rollout" / "defaults" / "main.yml").read_text())[
@@ -131,19 +135,32 @@ def client_loop(model: str, long_tokens: int) -> ClientLoop:
     return ClientLoop(request, CLIENT_MAX_REQUESTS, CLIENT_MAX_SECONDS, clients)
 
 
+def gate_rules(client: ClientLoop) -> list[tuple[str, Callable[[str], None]]]:
+    """The log follower's rules that open and close the client loop's gate (FIRST_OPEN only once: the same task runs
+    again in each batch's converge)."""
+    first_seen: list[str] = []
+
+    def first_open(line: str) -> None:
+        if not first_seen:
+            first_seen.append(line)
+            client.open_gate()
+
+    return [(FIRST_OPEN, first_open), (NEXT_OPEN, lambda _line: client.open_gate()),
+            (GATE_CLOSE, lambda _line: client.close_gate())]
+
+
 def under_load(step: str, extra_vars: dict[str, Any], model: str,
                long_tokens: int) -> tuple[int, str, float, dict[str, Any], ClientLoop]:
     """A rollout with the client loop running from before it starts until after it ends (its requests in flight
-    then included); the long generations only from each batch's start until its node's drain began (GATE_OPEN,
-    GATE_CLOSE in the rollout's log as it is written)."""
+    then included); the long generations only from shortly before each drain until it began (gate_rules: the
+    rollout's log as it is written)."""
     client = client_loop(model, long_tokens)
     log = ARTIFACTS / f"{step}.log"
     log.unlink(missing_ok=True)   # the follower reads this run's log only
     client.start()
     time.sleep(5)  # requests in flight before the first drain
     try:
-        with playbook.LogFollower(log, [(GATE_OPEN, lambda _line: client.open_gate()),
-                                        (GATE_CLOSE, lambda _line: client.close_gate())]):
+        with playbook.LogFollower(log, gate_rules(client)):
             rc, output, seconds = rollout(step, extra_vars)
         time.sleep(5)  # and after the last node is back
     finally:
