@@ -61,7 +61,9 @@ CLIENT_MAX_SECONDS = 3600
 # The long ones run only around each drain (the gate, see under_load): generating throughout, they kept both
 # engines busy for the whole rollout and took over half of the CI machine's CPU (docs/measurements.md).
 SHORT_TOKENS, SHORT_CLIENTS, SHORT_THINK = 8, 6, 3.0
-LONG_CLIENTS, LONG_THINK, LONG_STAGGER = 2, 1.0, 8.0
+# No think time between long generations: two that end together (vLLM batches them) left a 1 s gap with none in
+# flight, and step 05's second drain began in it.
+LONG_CLIENTS, LONG_THINK, LONG_STAGGER = 2, 0.0, 8.0
 # Where the rollout's log opens and closes the long generations' gate, so that they run ~10-30 s before each drain
 # (on an idle machine) and not while nodes converge. Open: the first time the service role checks its plan (the check
 # play, ~25 s before the first drain), and when a batch's node passed its benchmark (~9 s before the next batch's
