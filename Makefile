@@ -11,10 +11,10 @@ export ANSIBLE_FORCE_COLOR := 0
 # (tests/unit/test_foundation.py holds it). Override: make molecule MOLECULE_SCENARIOS="node_facts".
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2 offline cluster
 # Scenarios on disk that `make test` does not run, each with its reason here (run one alone with
-# make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). fleet: under its 8 concurrent clients
-# the two nodes' vLLM engines generate for the whole of every rollout; as a fifth lane they took over half the
-# machine's CPU and the cold run was still in its lanes at 40 min (docs/measurements.md): it returns when its load
-# follows the drains instead of running throughout.
+# make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). fleet: even with its long
+# generations only around the drains, its two nodes (three or four vLLM starts each, their benchmarks, the client
+# loop) keep both cores ~80 % busy for its whole run, about a third of what the scenarios above need in all: added to
+# them, the cold run goes past 60 min on 2 cores (docs/measurements.md). It returns when the other lanes need less.
 MOLECULE_NOT_IN_TEST := fleet
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The vLLM scenarios lead the
