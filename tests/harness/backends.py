@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Self
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -28,14 +28,40 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-class NamedBackend:
+class LoopbackServer:
+    """An HTTP stand-in on 127.0.0.1:`port`: a subclass gives handler(); start() serves it in a daemon thread,
+    stop() stops listening."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.lock = threading.Lock()
+        self.server: QuietServer | None = None
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        """The request handler class bound to this server."""
+        raise NotImplementedError
+
+    def start(self) -> Self:
+        """Listen and serve in a daemon thread."""
+        self.server = QuietServer(("127.0.0.1", self.port), self.handler())
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop listening (a health check then fails)."""
+        if self.server:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+
+class NamedBackend(LoopbackServer):
     """One stand-in server: `name` on 127.0.0.1:`port`, started by start(), stopped by stop()."""
 
     def __init__(self, name: str, port: int | None = None) -> None:
-        self.name, self.port = name, port or free_port()
+        super().__init__(port)
+        self.name = name
         self.served = 0
-        self.lock = threading.Lock()
-        self.server: QuietServer | None = None
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         """The request handler class bound to this backend."""
@@ -68,33 +94,19 @@ class NamedBackend:
 
         return Handler
 
-    def start(self) -> NamedBackend:
-        """Listen and serve in a daemon thread."""
-        self.server = QuietServer(("127.0.0.1", self.port), self.handler())
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
 
-    def stop(self) -> None:
-        """Stop listening (the health checks then fail)."""
-        if self.server:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
-
-
-class FakeVllm:
+class FakeVllm(LoopbackServer):
     """A stand-in for vLLM's model list and runtime LoRA API on loopback: GET /v1/models (the base, then each
     adapter with its parent and root), POST /v1/load_lora_adapter and /v1/unload_lora_adapter with vLLM's answers
     (200 text, 400 for a name already loaded, 404 for one not loaded, 401 without the key). `refuse` maps an adapter
     name to the (status, message) its load answers; `calls` records every request (method, path, body)."""
 
     def __init__(self, base: str = "base-model", api_key: str = "", adapters: dict[str, str] | None = None) -> None:
-        self.base, self.api_key, self.port = base, api_key, free_port()
+        super().__init__()
+        self.base, self.api_key = base, api_key
         self.adapters: dict[str, str] = dict(adapters or {})
         self.refuse: dict[str, tuple[int, str]] = {}
         self.calls: list[tuple[str, str, dict[str, Any] | None]] = []
-        self.lock = threading.Lock()
-        self.server: QuietServer | None = None
 
     @property
     def url(self) -> str:
@@ -164,16 +176,3 @@ class FakeVllm:
                 self.respond("POST")
 
         return Handler
-
-    def start(self) -> FakeVllm:
-        """Listen and serve in a daemon thread."""
-        self.server = QuietServer(("127.0.0.1", self.port), self.handler())
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        """Stop listening."""
-        if self.server:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
