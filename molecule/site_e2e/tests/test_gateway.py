@@ -111,6 +111,10 @@ def test_openai_api_with_the_key(gateway, api_key, model):
     assert json.loads(body)["usage"]["completion_tokens"] == 16
 
 
+# The distinct read instants a 16 KB-buffering proxy would give the stream's ~100 KB (one per buffer flush, +1).
+BUFFERED_READS_MAX = 8
+
+
 def test_streaming_passes_through_unbuffered(gateway, api_key, model):
     """Events arrive one by one while the generation runs. Buffered, the 512 events (about 100 KB) would arrive at
     its end in a handful of reads of the proxy's 16 KB buffers, within milliseconds."""
@@ -122,7 +126,10 @@ def test_streaming_passes_through_unbuffered(gateway, api_key, model):
     record("gateway_stream", {"events": len(arrivals), "distinct_arrival_ms": instants,
                               "first_s": round(arrivals[0], 3), "last_s": round(arrivals[-1], 3),
                               "total_s": round(total, 3)})
-    assert instants > 100, arrivals[:5]
+    # Buffered in 16 KB, the ~100 KB would come in about 7 reads: a handful of distinct instants. Unbuffered, every
+    # event is its own read on an idle machine (450+ of 513); a loaded one reads several at once (the test's own
+    # process waits for a core): 47 distinct ms at load ~45 and 100 at load ~10 were seen. 32 keeps both apart.
+    assert instants >= BUFFERED_READS_MAX * 4, (instants, arrivals[:5])
     assert arrivals[-1] - arrivals[0] > 0.2
 
 
