@@ -131,11 +131,11 @@ class ClientLoop:
     def turn(self, client: Client, first: bool) -> bool:
         """Wait until `client` may send its next request: its delay over after the loop started, and for a gated
         client the gate open (its delay over again after the gate opened). False once the loop stops."""
-        waited = False
-        while client.gated and not self.gate.is_set():
-            waited = True
-            if self.halt.wait(0.2):
-                return False
+        waited = client.gated and not self.gate.is_set()
+        if waited:
+            while not self.gate.wait(0.2):    # on the gate itself: it starts the moment the gate opens
+                if self.halt.is_set():
+                    return False
         if (first or waited) and self.halt.wait(client.delay):
             return False
         return not self.halt.is_set()

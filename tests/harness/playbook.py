@@ -96,11 +96,16 @@ def run(playbook: str | Path, *args: str, inventory: str | None = None, limit: s
     return Run(proc.returncode, output, time.monotonic() - start)
 
 
+def scenario_log(scenario: str, name: str) -> Path:
+    """Where in_scenario() keeps the output of the run `name`: artifacts/<scenario>/<name>.log."""
+    return ARTIFACTS / scenario / f"{name}.log"
+
+
 def in_scenario(scenario: str, name: str, playbook: str | Path, *args: str, **options: Any) -> Run:
-    """run() against the running molecule scenario's inventory, the output kept in artifacts/<scenario>/<name>.log
+    """run() against the running molecule scenario's inventory, the output kept in scenario_log(scenario, name)
     (extra_vars beside it in <name>.vars.json)."""
     options.setdefault("inventory", molecule_inventory())
-    return run(playbook, *args, log=ARTIFACTS / scenario / f"{name}.log", **options)
+    return run(playbook, *args, log=scenario_log(scenario, name), **options)
 
 
 def recap(output: str, host: str) -> dict[str, int]:
@@ -154,7 +159,7 @@ class LogFollower:
         self.rules = [(re.compile(pattern), action) for pattern, action in rules]
         self.halt = threading.Event()
         self.matched: list[tuple[float, str]] = []   # (epoch, line) of every line a rule matched
-        self.offset, self.partial = 0, ""
+        self.offset, self.partial = 0, b""
         self.thread = threading.Thread(target=self.follow, daemon=True)
 
     def read_new(self) -> None:
@@ -164,15 +169,16 @@ class LogFollower:
         except FileNotFoundError:
             return
         if size < self.offset:
-            self.offset, self.partial = 0, ""
+            self.offset, self.partial = 0, b""
         if size == self.offset:
             return
         with self.log.open("rb") as handle:
             handle.seek(self.offset)
             chunk = handle.read(size - self.offset)
         self.offset += len(chunk)
-        *lines, self.partial = (self.partial + chunk.decode(errors="replace")).split("\n")
-        for line in lines:
+        # split as bytes: a read may end inside a line, even inside a character
+        *lines, self.partial = (self.partial + chunk).split(b"\n")
+        for line in (raw.decode(errors="replace") for raw in lines):
             for pattern, action in self.rules:
                 if pattern.search(line):
                     self.matched.append((round(time.time(), 3), line))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_watch, haproxy_stat
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import gpu_watch
 from harness import haproxy
 from harness.backends import NamedBackend
 from harness.haproxy import AnsweringSocket
@@ -57,7 +57,7 @@ backend vllm
 def status_becomes(runtime: Path, prefix: str, within: float = 20) -> str:
     deadline = time.monotonic() + within
     while True:
-        status = haproxy_stat.parse_show_stat(haproxy.runtime_command(runtime, "show stat"))["vllm"]["node1"]["status"]
+        status = haproxy.servers(haproxy.runtime_command(runtime, "show stat"), "vllm")["node1"]["status"]
         if status.startswith(prefix):
             return status
         assert time.monotonic() < deadline, f"still {status}, wanted {prefix}"
@@ -89,4 +89,4 @@ def test_a_drain_through_the_runtime_api_stays_while_the_agent_says_up(gateway: 
     haproxy.runtime_command(runtime, "set server vllm/node1 state drain")
     status_becomes(runtime, "DRAIN")
     time.sleep(3)  # three agent answers of "up"
-    assert haproxy_stat.parse_show_stat(haproxy.runtime_command(runtime, "show stat"))["vllm"]["node1"]["admin_drain"]
+    assert haproxy.servers(haproxy.runtime_command(runtime, "show stat"), "vllm")["node1"]["admin_drain"]

@@ -77,11 +77,9 @@ class Gateway:
 
     def status(self, backend: str, server: str) -> str:
         """A server's status in `show stat` (UP, DRAIN, DOWN, MAINT ...)."""
-        for line in self.runtime("show stat").splitlines():
-            fields = line.split(",")
-            if fields[:2] == [backend, server]:
-                return fields[17]
-        raise AssertionError(f"{backend}/{server} not in show stat")
+        servers = haproxy.servers(self.runtime("show stat"), backend)
+        assert server in servers, f"{backend}/{server} not in show stat"
+        return str(servers[server]["status"])
 
 
 def render_config(tmp_path: Path, extra: dict[str, Any]) -> Path:

@@ -157,7 +157,7 @@ def under_load(step: str, extra_vars: dict[str, Any], model: str,
     then included); the long generations only from shortly before each drain until it began (gate_rules: the
     rollout's log as it is written)."""
     client = client_loop(model, long_tokens)
-    log = ARTIFACTS / f"{step}.log"
+    log = playbook.scenario_log("fleet", step)
     log.unlink(missing_ok=True)   # the follower reads this run's log only
     client.start()
     time.sleep(5)  # requests in flight before the first drain
@@ -275,7 +275,7 @@ def test_03_rollout_to_0_32_0_under_load(model):
                       "gateway_requests": int(stot_after[name]["stot"]) - int(stot_before[name]["stot"])}
                for name in NODES},
         haproxy_log=drains[:12]))
-    assert rc == 0, f"rollout failed; see {ARTIFACTS / '03-rollout-0.32.0.log'}\n{output[-3000:]}"
+    assert rc == 0, f"rollout failed; see {playbook.scenario_log('fleet', '03-rollout-0.32.0')}\n{output[-3000:]}"
     check_load(client, drained)
     for name in NODES:
         assert served(name)["version"] == "0.32.0"

@@ -315,6 +315,21 @@ def test_the_log_follower_acts_on_new_lines_as_they_are_written(tmp_path):
     assert seen[-1] == "PLAY [again]" and [line for _, line in follower.matched] == seen
 
 
+def test_the_log_follower_keeps_a_character_split_between_two_reads(tmp_path):
+    log = tmp_path / "run.log"
+    seen: list[str] = []
+    data = "TASK [rollout : Drain « fleet-node1 »]\n".encode()
+    cut = data.index("«".encode()) + 1                  # inside the two bytes of «
+    with playbook.LogFollower(log, [(r"Drain", seen.append)], interval=0.05), log.open("wb") as out:
+        out.write(data[:cut])
+        out.flush()
+        time.sleep(0.2)
+        out.write(data[cut:])
+        out.flush()
+        time.sleep(0.2)
+    assert seen == ["TASK [rollout : Drain « fleet-node1 »]"]
+
+
 def test_in_flight_counts_what_started_and_had_not_ended():
     records = [clients.Record("long", False, 10.0, 40.0), clients.Record("short", True, 19.0, 20.0),
                clients.Record("short", False, 20.0), clients.Record("long", True, 25.0)]
