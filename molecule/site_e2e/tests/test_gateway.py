@@ -113,24 +113,35 @@ def test_openai_api_with_the_key(gateway, api_key, model):
 
 # The distinct read instants a 16 KB-buffering proxy would give the stream's ~100 KB (one per buffer flush, +1).
 BUFFERED_READS_MAX = 8
+# Streams tried at most before the test judges the best of them (a starved reader is transient; buffering is not).
+STREAM_TRIES = 3
 
 
 def test_streaming_passes_through_unbuffered(gateway, api_key, model):
     """Events arrive one by one while the generation runs. Buffered, the 512 events (about 100 KB) would arrive at
-    its end in a handful of reads of the proxy's 16 KB buffers, within milliseconds."""
-    total, arrivals, status = gateway.stream(api_key, chat(model, 512, stream=True))
-    assert status == 200
-    # Under load vLLM may put several tokens in one event (489 events for 512 tokens in a CI run): count events loosely.
-    assert len(arrivals) >= 256, len(arrivals)
-    instants = len({round(t, 3) for t in arrivals})
-    record("gateway_stream", {"events": len(arrivals), "distinct_arrival_ms": instants,
-                              "first_s": round(arrivals[0], 3), "last_s": round(arrivals[-1], 3),
-                              "total_s": round(total, 3)})
+    its end in a handful of reads of the proxy's 16 KB buffers, within milliseconds.
+
+    The reader is this test's own process: on a loaded machine it can wait for a core longer than the whole
+    generation and then read everything at once (9 distinct ms of 513 events in one CI run). That is transient, a
+    buffering proxy is not: up to STREAM_TRIES streams, the best one counts, and every try is recorded."""
+    tries = []
+    for _ in range(STREAM_TRIES):
+        total, arrivals, status = gateway.stream(api_key, chat(model, 512, stream=True))
+        assert status == 200
+        # Under load vLLM may put several tokens in one event (489 events for 512 tokens in a CI run).
+        assert len(arrivals) >= 256, len(arrivals)
+        tries.append({"events": len(arrivals), "distinct_arrival_ms": len({round(t, 3) for t in arrivals}),
+                      "first_s": round(arrivals[0], 3), "last_s": round(arrivals[-1], 3),
+                      "total_s": round(total, 3)})
+        if tries[-1]["distinct_arrival_ms"] >= BUFFERED_READS_MAX * 4 and arrivals[-1] - arrivals[0] > 0.2:
+            break
+    record("gateway_stream", tries)
     # Buffered in 16 KB, the ~100 KB would come in about 7 reads: a handful of distinct instants. Unbuffered, every
-    # event is its own read on an idle machine (450+ of 513); a loaded one reads several at once (the test's own
-    # process waits for a core): 47 distinct ms at load ~45 and 100 at load ~10 were seen. 32 keeps both apart.
-    assert instants >= BUFFERED_READS_MAX * 4, (instants, arrivals[:5])
-    assert arrivals[-1] - arrivals[0] > 0.2
+    # event is its own read on an idle machine (450+ of 513); a loaded one reads several at once: 47 distinct ms at
+    # load ~45 and 100 at load ~10 were seen. 32 keeps both apart.
+    best = max(tries, key=lambda t: t["distinct_arrival_ms"])
+    assert best["distinct_arrival_ms"] >= BUFFERED_READS_MAX * 4, tries
+    assert best["last_s"] - best["first_s"] > 0.2, tries
 
 
 def long_generation_n(max_tokens: int, seconds: float, output_tps: float) -> int:
