@@ -216,7 +216,7 @@ def _divide(name: str, value: int, tp: int) -> int:
     return value // tp
 
 
-def _state_bytes(shape: ModelShape, kind: str, tp: int, num_spec: int = 0) -> int:
+def state_bytes(shape: ModelShape, kind: str, tp: int, num_spec: int = 0) -> int:
     """Recurrent state per request per layer per rank (conv state + SSM state).
 
     The conv state keeps kernel - 1 rows, plus one per speculative token (``num_spec``): the drafted tokens are
@@ -225,6 +225,8 @@ def _state_bytes(shape: ModelShape, kind: str, tp: int, num_spec: int = 0) -> in
     does not grow. A larger state page also lifts the attention block size the hybrid's page unification picks.
     """
     model_bytes = kv_bytes(shape.dtype)
+    if kind == "mamba2":
+        return _mamba2_state_bytes(shape.mamba2, tp, num_spec, model_bytes)
     if kind == "gdn":
         g = shape.gdn
         conv_dim = g["linear_key_head_dim"] * g["linear_num_key_heads"] * 2 + \
@@ -238,6 +240,19 @@ def _state_bytes(shape: ModelShape, kind: str, tp: int, num_spec: int = 0) -> in
     conv_dim = k["num_heads"] * k["head_dim"] + 2 * k["num_k_heads"] * k["head_k_dim"]
     conv = _divide("the KDA conv dim", conv_dim, tp) * (k["conv"] - 1 + num_spec) * model_bytes
     ssm = _divide("linear_attn_config.num_heads", k["num_heads"], tp) * k["head_dim"] * k["head_dim"] * 4
+    return conv + ssm
+
+
+def _mamba2_state_bytes(m: dict[str, Any], tp: int, num_spec: int, model_bytes: int) -> int:
+    """Nemotron-H's Mamba2 state per request per layer per rank (vLLM's mamba2_state_shape): the conv state
+    (kernel - 1 + num_spec rows) x (heads x head_dim + 2 x groups x state) / TP in the model dtype, groups extended
+    to TP when TP does not divide them (each head's group sharded with it); the SSM state heads / TP x head_dim x
+    state in its own dtype."""
+    groups = m["n_groups"] + (0 if m["n_groups"] % tp == 0 else tp - m["n_groups"])
+    conv_dim = m["mamba_num_heads"] * m["mamba_head_dim"] + 2 * groups * m["ssm_state_size"]
+    conv = _divide("the Mamba2 conv dim", conv_dim, tp) * (m["conv_kernel"] - 1 + num_spec) * model_bytes
+    ssm_bytes = DTYPE_BYTES.get(m["ssm_dtype"], 4)
+    ssm = _divide("mamba_num_heads", m["mamba_num_heads"], tp) * m["mamba_head_dim"] * m["ssm_state_size"] * ssm_bytes
     return conv + ssm
 
 
@@ -389,7 +404,8 @@ def build_layout(config: dict[str, Any], shape: ModelShape, inputs: LayoutInputs
     per_token = max(per_layer)
     spec = speculative.resolve(config, inputs.speculative_config)
     num_spec = spec.tokens if spec is not None else 0
-    state_pages = {k: _state_bytes(shape, k, tp, num_spec) for k in set(shape.kinds) if k in ("gdn", "kda")}
+    state_pages = {k: state_bytes(shape, k, tp, num_spec) for k in set(shape.kinds)
+                   if k in ("gdn", "kda", "mamba2")}
     mode = inputs.mamba_cache_mode or rule(rel, "mamba_cache_mode_default", version)
     if state_pages:
         block = _hybrid_block(shape, backend, block, per_token, max(state_pages.values()), inputs, notes)
