@@ -253,7 +253,7 @@ def _mamba2_state_bytes(m: dict[str, Any], tp: int, num_spec: int, model_bytes: 
     conv = _divide("the Mamba2 conv dim", conv_dim, tp) * (m["conv_kernel"] - 1 + num_spec) * model_bytes
     ssm_bytes = DTYPE_BYTES.get(m["ssm_dtype"], 4)
     ssm = _divide("mamba_num_heads", m["mamba_num_heads"], tp) * m["mamba_head_dim"] * m["ssm_state_size"] * ssm_bytes
-    return conv + ssm
+    return int(conv + ssm)
 
 
 def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
