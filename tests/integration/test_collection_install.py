@@ -22,7 +22,7 @@ BIN = ROOT / ".venv" / "bin"
 STORY = ("-e", "vllm_node_model=kimi-k2.5-nvfp4", "-e", "vllm_node_gpu=rtx-pro-6000-blackwell",
          "-e", "vllm_node_gpu_count=8", "-e", "vllm_node_kv_cache_dtype=bfloat16",
          "-e", "vllm_node_gpu_memory_utilization=0.95")
-REFUSAL = ("bf16 KV needs 17.16 GiB per GPU for 262,144 tokens; 10.31 GiB is available. Use fp8 KV (supported on "
+REFUSAL = ("bf16 KV needs 17.16 GiB per GPU for 262,144 tokens; 10.81 GiB is available. Use fp8 KV (supported on "
            "SM120 from vLLM 0.18.0), or --decode-context-parallel-size 2, or lower max-model-len to 131,072")
 
 

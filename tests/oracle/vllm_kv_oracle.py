@@ -10,6 +10,11 @@ per-rank KV cache specs of a model as vLLM's model code would register them, plu
 
 (lookahead: VllmConfig.num_prefill_lookahead_tokens of a speculative drafter)
 
+A request {"mamba2_state": {"tp": 2, "n_groups": 8, "num_heads": 128, "head_dim": 64, "state_size": 128,
+"conv_kernel": 4, "num_spec": 0, "dtype": "bfloat16", "ssm_dtype": "float32"}} is answered {"page": bytes}: one
+request's Mamba2 state on one rank as vLLM's MambaStateShapeCalculator.mamba2_state_shape and
+MambaStateDtypeCalculator.mamba2_state_dtype size it (Nemotron-H's get_mamba_state_shape_from_config inputs).
+
 and the answer is what vLLM computes from them with its own functions (vllm.v1.core.kv_cache_utils):
 get_kv_cache_configs (groups, page unification, num_blocks), get_kv_cache_capacity (the logged tokens and
 maximum concurrency), _max_memory_usage_bytes_from_groups (bytes one request needs) and
@@ -72,8 +77,24 @@ def _spec(layer: dict[str, Any]) -> Any:
     raise ValueError(f"unknown layer kind {kind!r}")
 
 
+def mamba2_page(m: dict[str, Any]) -> dict[str, Any]:
+    """One request's Mamba2 state bytes per rank, from vLLM's shape and dtype calculators."""
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
+
+    shapes = MambaStateShapeCalculator.mamba2_state_shape(
+        tp_world_size=m["tp"], intermediate_size=m["num_heads"] * m["head_dim"], n_groups=m["n_groups"],
+        num_heads=m["num_heads"], head_dim=m["head_dim"], state_size=m["state_size"], conv_kernel=m["conv_kernel"],
+        num_spec=m["num_spec"])
+    dtypes = MambaStateDtypeCalculator.mamba2_state_dtype(DTYPES[m["dtype"]], "auto", m["ssm_dtype"])
+    page = sum(int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+               for shape, dtype in zip(shapes, dtypes, strict=True))
+    return {"page": page}
+
+
 def answer(req: dict[str, Any]) -> dict[str, Any]:
     """vLLM's numbers for one request (see the module docstring)."""
+    if "mamba2_state" in req:
+        return mamba2_page(req["mamba2_state"])
     cfg = _config(req)
     specs = {f"model.layers.{i}.self_attn.attn": _spec(layer) for i, layer in enumerate(req["layers"])}
     available = int(req["available"])

@@ -192,9 +192,9 @@ CASE_RULES: dict[str, dict[str, Any]] = {
         "kwargs": {"max_num_batched_tokens": 8192, "compute_capability": "8.6",
                    "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}},
         "why": "MTP n=3 is the recipe's setting (the quoted flag line is cut); without it the tokens are +11 %. "
-               "The printed 1.15x is held through the tokens (>= 0.21: tokens = int(concurrency x length); "
-               "300,220 / 262,144 = 1.1452 vs 1.1421 predicted, -0.28 %): its 2-decimal rounding turns that into "
-               "1.14 vs 1.15"},
+               "The printed 1.15x is held through the tokens (>= 0.21: tokens = int(concurrency x length)); "
+               "exact since the GDN conv state has a row per speculative token (kernel - 1 + 3; -0.28 % "
+               "without them, 299,388 tokens)"},
     "vllm-44376-comment": {
         "version": "0.33.0", "expect": [], "unmodelled": True,
         "why": "DeepSeek-V4 compressed sparse attention: not modelled; the filters refuse it with a clear error"},

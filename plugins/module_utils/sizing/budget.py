@@ -132,7 +132,7 @@ def torch_total(inputs: PlanInputs, device: Device) -> tuple[int, str]:
 
 
 def mxfp4_padding_bytes(config: dict[str, Any], shape: ModelShape, compute_capability: Any, rel: Releases,
-                        version: str, tp: int = 1) -> int:
+                        version: str, tp: int = 1, triton_kernels: bool = False) -> int:
     """Extra bytes per tensor parallel rank (all layers) vLLM allocates for MXFP4 MoE experts on GPUs without
     native FP4 (cc < 10).
 
@@ -141,7 +141,9 @@ def mxfp4_padding_bytes(config: dict[str, Any], shape: ModelShape, compute_capab
     (2880 / TP) is rounded up to 128: 2880 -> 2944 at TP 1, 720 -> 768 at TP 4 (+6.7 %, not the +2.2 % of the
     whole 2880: gpt-oss-120b at TP 4 on A100 loaded 17.22 GiB per GPU, vLLM 0.10.1, dennislee22/vLLM-benchmarking;
     the whole-model rounding gave 16.65). Expert bytes: layers x experts x 3 x hidden x intermediate x 4.25 bits
-    (e2m1 + one e8m0 scale per 32 values).
+    (e2m1 + one e8m0 scale per 32 values). A row for the GPU's major is a backend that needs the triton_kernels
+    package (Hopper's Triton matmul_ogs from 0.11): only with ``triton_kernels`` known installed, else vLLM falls
+    back to Marlin, the "default" row.
     """
     tc = config.get("text_config") or config
     quant = tc.get("quantization_config") or config.get("quantization_config") or {}
@@ -159,7 +161,8 @@ def mxfp4_padding_bytes(config: dict[str, Any], shape: ModelShape, compute_capab
     if not (experts and inter and hidden):
         return 0
     table = rule(rel, "mxfp4_moe_alignment", version)
-    align_h, align_i = (int(x) for x in table.get(str(major), table["default"]))
+    row = table.get(str(major)) if triton_kernels else None
+    align_h, align_i = (int(x) for x in (row or table["default"]))
     shard = -(-inter // max(tp, 1))
     padded = (-(-hidden // align_h) * align_h) * (-(-shard // align_i) * align_i)
     return int(shape.num_layers * experts * 3 * (padded - hidden * shard) * 4.25 / 8)
@@ -251,6 +254,12 @@ def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
     the vocab, 2 since its top-k/top-p kernel does not; the evidence is in the releases data). With FlashInfer
     installed (``flashinfer``) the rule is sampler_logits_copies_flashinfer: the releases that sample with its kernel
     by default do not sort either.
+
+    Nothing flat is added on top: vLLM's non-KV memory is the weights + the torch peak *allocated* during the profile
+    + the non-torch growth (memory_profiling measures allocated_bytes.all.peak, not what the caching allocator
+    reserved), so allocator slack is in none of its figures. The llm-d H100 logs (vLLM 0.11.0, five models, four
+    vocabularies) put the whole torch peak at 9.56-9.64 logits copies + the dummy forward's output: the sampler
+    rule alone, no floor beside it.
     """
     mnbt = batch.max_num_batched_tokens
     hidden = shape.hidden_size or 8192   # unknown hidden size: assume a large model (conservative)
@@ -266,7 +275,7 @@ def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
         phases.append(("encoder profiling", estimate(rel, "encoder_profile_gib") * GiB))
     name, peak = max(phases, key=lambda p: p[1])
     others = ", ".join(f"{n.split(' (')[0]} {v / GiB:.2f}" for n, v in phases if n != name)
-    parts = [("floor", estimate(rel, "activation_floor_gib") * GiB), (f"{name} (the largest phase; {others})", peak)]
+    parts = [(f"{name} (the largest phase; {others})", peak)]
     parts.append(("non-torch growth", estimate(rel, "non_torch_growth_gib") * GiB))
     comm = comm_growth(tp, rel)
     if comm:
@@ -343,7 +352,8 @@ def _stage_budgets(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, devi
     # Outside vLLM's budget: what the driver keeps from torch, the CUDA context, NCCL's communicators.
     non_torch = int(device.total - total + estimate(rel, "cuda_context_gib") * GiB
                     + (estimate(rel, "nccl_gib_if_distributed") * GiB if par.tp * par.pp > 1 else 0))
-    padding = mxfp4_padding_bytes(inputs.config, shape, device.compute_capability, rel, version, par.tp)
+    padding = mxfp4_padding_bytes(inputs.config, shape, device.compute_capability, rel, version, par.tp,
+                                  inputs.mxfp4_triton_kernels)
     out = []
     for rank, (weights, text) in enumerate(weights_per_stage(shape, ckpt, par.tp, counts, rel)):
         if padding:

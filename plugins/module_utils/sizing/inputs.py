@@ -55,6 +55,7 @@ class PlanInputs:
     load_mib_per_second: Any = None        # weights one GPU loads per second (start-up budget); None: 138
     enforce_eager: bool = False
     flashinfer_sampler: bool = False       # FlashInfer is installed (sampler warm-up: its release rule)
+    mxfp4_triton_kernels: bool = False     # triton_kernels is installed (MXFP4 MoE on Hopper: Triton, not Marlin)
     model_key: str = ""
     repo: str = ""
     served_model_name: str = ""

@@ -216,23 +216,44 @@ def _divide(name: str, value: int, tp: int) -> int:
     return value // tp
 
 
-def _state_bytes(shape: ModelShape, kind: str, tp: int) -> int:
-    """Recurrent state per request per layer per rank (conv state + SSM state)."""
+def state_bytes(shape: ModelShape, kind: str, tp: int, num_spec: int = 0) -> int:
+    """Recurrent state per request per layer per rank (conv state + SSM state).
+
+    The conv state keeps kernel - 1 rows, plus one per speculative token (``num_spec``): the drafted tokens are
+    verified in one step, so vLLM sizes the conv state (kernel - 1 + num_speculative_tokens) x conv dim / TP
+    (mamba_utils.py MambaStateShapeCalculator gated_delta_net_state_shape / kda_state_shape, 0.32); the SSM state
+    does not grow. A larger state page also lifts the attention block size the hybrid's page unification picks.
+    """
     model_bytes = kv_bytes(shape.dtype)
+    if kind == "mamba2":
+        return _mamba2_state_bytes(shape.mamba2, tp, num_spec, model_bytes)
     if kind == "gdn":
         g = shape.gdn
         conv_dim = g["linear_key_head_dim"] * g["linear_num_key_heads"] * 2 + \
             g["linear_value_head_dim"] * g["linear_num_value_heads"]
-        conv = _divide("the GDN conv dim", conv_dim, tp) * (g["linear_conv_kernel_dim"] - 1) * model_bytes
+        conv = _divide("the GDN conv dim", conv_dim, tp) * (g["linear_conv_kernel_dim"] - 1 + num_spec) * model_bytes
         ssm_bytes = DTYPE_BYTES.get(g.get("ssm_dtype") or shape.dtype, model_bytes)
         ssm = _divide("linear_num_value_heads", g["linear_num_value_heads"], tp) * \
             g["linear_value_head_dim"] * g["linear_key_head_dim"] * ssm_bytes
         return int(conv + ssm)
     k = shape.kda
     conv_dim = k["num_heads"] * k["head_dim"] + 2 * k["num_k_heads"] * k["head_k_dim"]
-    conv = _divide("the KDA conv dim", conv_dim, tp) * (k["conv"] - 1) * model_bytes
+    conv = _divide("the KDA conv dim", conv_dim, tp) * (k["conv"] - 1 + num_spec) * model_bytes
     ssm = _divide("linear_attn_config.num_heads", k["num_heads"], tp) * k["head_dim"] * k["head_dim"] * 4
     return conv + ssm
+
+
+def _mamba2_state_bytes(m: dict[str, Any], tp: int, num_spec: int, model_bytes: int) -> int:
+    """Nemotron-H's Mamba2 state per request per layer per rank (vLLM's mamba2_state_shape): the conv state
+    (kernel - 1 + num_spec rows) x (heads x head_dim + 2 x groups x state) / TP in the model dtype, groups extended
+    to TP when TP does not divide them (each head's group sharded with it); the SSM state heads / TP x head_dim x
+    state in its own dtype."""
+    groups = m["n_groups"] + (0 if m["n_groups"] % tp == 0 else tp - m["n_groups"])
+    conv_dim = m["mamba_num_heads"] * m["mamba_head_dim"] + 2 * groups * m["ssm_state_size"]
+    conv = _divide("the Mamba2 conv dim", conv_dim, tp) * (m["conv_kernel"] - 1 + num_spec) * model_bytes
+    ssm_bytes = DTYPE_BYTES.get(m["ssm_dtype"], 4)
+    ssm = _divide("mamba_num_heads", m["mamba_num_heads"], tp) * m["mamba_head_dim"] * m["ssm_state_size"] * ssm_bytes
+    return int(conv + ssm)
 
 
 def _unify_pages(specs: list[LayerSpec]) -> list[LayerSpec]:
@@ -381,7 +402,10 @@ def build_layout(config: dict[str, Any], shape: ModelShape, inputs: LayoutInputs
     per_layer = [attention_bytes_per_token(shape, kv_dtype, tp, i) if kind in ("full", "sliding", "chunked")
                  else 0 for i, kind in enumerate(shape.kinds)]
     per_token = max(per_layer)
-    state_pages = {k: _state_bytes(shape, k, tp) for k in set(shape.kinds) if k in ("gdn", "kda")}
+    spec = speculative.resolve(config, inputs.speculative_config)
+    num_spec = spec.tokens if spec is not None else 0
+    state_pages = {k: state_bytes(shape, k, tp, num_spec) for k in set(shape.kinds)
+                   if k in ("gdn", "kda", "mamba2")}
     mode = inputs.mamba_cache_mode or rule(rel, "mamba_cache_mode_default", version)
     if state_pages:
         block = _hybrid_block(shape, backend, block, per_token, max(state_pages.values()), inputs, notes)
@@ -394,7 +418,6 @@ def build_layout(config: dict[str, Any], shape: ModelShape, inputs: LayoutInputs
                      "chunked layers are charged for the full context")
         specs = [replace(s, kind="full", window=0) if s.kind in ("chunked", "sliding") else s for s in specs]
     stages = pp_stages(shape.num_layers, inputs.pipeline_parallel_size, inputs.pp_layer_partition)
-    spec = speculative.resolve(config, inputs.speculative_config)
     if spec is not None:
         specs, stages = _add_drafter(spec, shape, specs, stages, kv_dtype, tp, notes)
     specs = _unify_pages(specs)

@@ -20,11 +20,14 @@ _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_l
 _ROPE_TYPES_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
 _LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding", "linear_attention": "gdn",
                 "chunked_attention": "chunked", "attention": "full"}
+# Nemotron-H hybrid_override_pattern: one character per layer (vLLM's nemotron_h.py): M Mamba2 (recurrent state),
+# * attention (KV), - MLP and E MoE (no cache of their own).
+_PATTERN_KINDS = {"M": "mamba2", "*": "full", "-": "shared", "E": "shared"}
+_MAMBA2_KEYS = ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel")
 _GDN_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
              "linear_conv_kernel_dim")
 # Hybrid families whose state layout is not modelled: refused rather than charged as full attention.
-_UNMODELLED = (("hybrid_override_pattern", "Nemotron-H Mamba2 hybrid"),
-               ("layers_block_type", "Mamba hybrid (layers_block_type)"),
+_UNMODELLED = (("layers_block_type", "Mamba hybrid (layers_block_type)"),
                ("attn_layer_period", "Jamba Mamba hybrid"), ("ssm_cfg", "Mamba/SSM"))
 
 
@@ -38,7 +41,8 @@ class ModelShape:
     """The KV-relevant facts of a model, read from config.json."""
 
     num_layers: int
-    kinds: tuple[str, ...]          # per layer: full | sliding | chunked | gdn | kda | shared (no own KV)
+    kinds: tuple[str, ...]          # per layer: full | sliding | chunked | gdn | kda | mamba2 | shared (no own KV:
+                                    # a KV-shared layer, a Nemotron-H MLP / MoE layer)
     mla: bool
     num_heads: int
     num_kv_heads: int
@@ -56,6 +60,7 @@ class ModelShape:
     indexer_bytes: int = 0          # sparse-attention (DSA) indexer key bytes per token per layer
     gdn: dict[str, Any] = field(default_factory=dict)
     kda: dict[str, int] = field(default_factory=dict)
+    mamba2: dict[str, Any] = field(default_factory=dict)
     model_type: str = ""
     # Per-layer (head_dim, KV heads) where a layer type has its own geometry (Gemma 4 full-attention layers:
     # global_head_dim / num_global_key_value_heads); empty = head_dim / num_kv_heads on every layer.
@@ -73,7 +78,7 @@ class ModelShape:
 
     @property
     def hybrid_state(self) -> bool:
-        return any(k in ("gdn", "kda") for k in self.kinds)
+        return any(k in ("gdn", "kda", "mamba2") for k in self.kinds)
 
     @property
     def attention(self) -> str:
@@ -143,6 +148,9 @@ def _listed_layer_kinds(layer_types: list[Any], num_layers: int) -> tuple[str, .
 
 def layer_kinds(tc: dict[str, Any], num_layers: int) -> tuple[str, ...]:
     """Per-layer KV kind, following each architecture's config convention."""
+    pattern = tc.get("hybrid_override_pattern")
+    if pattern:
+        return _pattern_kinds(str(pattern), num_layers)
     lin = tc.get("linear_attn_config")
     if isinstance(lin, dict) and lin.get("kda_layers"):
         kda = {int(i) for i in lin["kda_layers"]}            # Kimi-Linear: 1-based layer numbers
@@ -171,6 +179,18 @@ def layer_kinds(tc: dict[str, Any], num_layers: int) -> tuple[str, ...]:
             return tuple("sliding" if i >= int(max_window_layers) else "full" for i in range(num_layers))
         return tuple("sliding" for _ in range(num_layers))
     return tuple("full" for _ in range(num_layers))
+
+
+def _pattern_kinds(pattern: str, num_layers: int) -> tuple[str, ...]:
+    """Nemotron-H: the kind of each layer from hybrid_override_pattern (vLLM builds len(pattern) layers)."""
+    unknown = sorted(set(pattern) - set(_PATTERN_KINDS))
+    if unknown:
+        raise SizingError(f"hybrid_override_pattern has unknown layer type(s) {', '.join(unknown)}; known: "
+                          "M (Mamba2), * (attention), - (MLP), E (MoE)")
+    if len(pattern) != num_layers:
+        raise SizingError(f"hybrid_override_pattern describes {len(pattern)} layers but num_hidden_layers is "
+                          f"{num_layers}")
+    return tuple(_PATTERN_KINDS[c] for c in pattern)
 
 
 # model_type -> the sliding-window pattern transformers uses when config.json has no layer_types
@@ -234,7 +254,7 @@ def _refuse_unmodelled(tc: dict[str, Any]) -> None:
         if tc.get(key):
             raise SizingError(f"{family} models ({key} in config.json) are not modelled by the sizing maths; "
                               "supported: full/GQA, MLA, sliding window, chunked local, Qwen3-Next/Qwen3.5 "
-                              "Gated DeltaNet and Kimi-Linear KDA hybrids")
+                              "Gated DeltaNet, Kimi-Linear KDA and Nemotron-H Mamba2 hybrids")
     if isinstance(tc.get("attn_type_list"), list) and 0 in tc["attn_type_list"]:
         raise SizingError("MiniMax lightning (linear) attention layers (attn_type_list with 0) are not modelled "
                           "by the sizing maths")
@@ -259,6 +279,15 @@ def _gdn_state(tc: dict[str, Any]) -> dict[str, Any]:
     gdn: dict[str, Any] = {k: int(tc[k]) for k in _GDN_KEYS}
     gdn["ssm_dtype"] = str(tc.get("mamba_ssm_dtype") or "").replace("torch.", "")
     return gdn
+
+
+def _mamba2_state(tc: dict[str, Any]) -> dict[str, Any]:
+    """Nemotron-H Mamba2 geometry; its SSM state dtype is the config's mamba_ssm_cache_dtype, float32 when absent
+    (vLLM's NemotronHForCausalLMConfig replaces the cache's 'auto' with it)."""
+    _require(tc, _MAMBA2_KEYS, "Mamba2 state size")
+    state: dict[str, Any] = {k: int(tc[k]) for k in _MAMBA2_KEYS}
+    state["ssm_dtype"] = str(tc.get("mamba_ssm_cache_dtype") or "float32").replace("torch.", "")
+    return state
 
 
 def _kda_state(tc: dict[str, Any]) -> dict[str, int]:
@@ -318,5 +347,6 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
         vocab_size=int(tc.get("vocab_size") or 0), top_k=top_k, has_vision=_has_vision(config),
         replicated_bytes=_replicated_bytes(tc, num_layers, mla, mla_dim),
         gdn=_gdn_state(tc) if "gdn" in kinds else {}, kda=_kda_state(tc) if "kda" in kinds else {},
+        mamba2=_mamba2_state(tc) if "mamba2" in kinds else {},
         model_type=str(tc.get("model_type") or ""), indexer_bytes=indexer, layer_heads=heads,
         tie_word_embeddings=bool(tc.get("tie_word_embeddings", False)))

@@ -189,6 +189,37 @@ def test_hybrid_gdn_page_unification_and_align_mode():
     assert none_mode.blocks_per_request(131072) == 63 + 3
 
 
+# A Nemotron-H-shaped config: Mamba2 128 heads x 64, 8 groups, state 128, conv 4; GQA 32 / 8 KV heads x 128.
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "torch_dtype": "bfloat16",
+              "num_hidden_layers": 28, "hybrid_override_pattern": "M-M-M*-" * 4, "hidden_size": 4096,
+              "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "mamba_num_heads": 128,
+              "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4, "vocab_size": 131072,
+              "max_position_embeddings": 131072}
+
+
+def test_nemotron_h_mamba2_hybrid_state_and_page_unification():
+    """hybrid_override_pattern: M layers hold a Mamba2 state, * layers KV, - / E layers nothing. The state (conv
+    (kernel - 1) x (heads x head_dim + 2 x groups x state) in bf16 + SSM heads x head_dim x state in float32, the
+    default vLLM gives Nemotron-H) sets the attention block: the smallest multiple of 16 whose page holds it."""
+    shape = vm.model_shape(NEMOTRON_H)
+    assert shape.kinds == ("mamba2", "shared", "mamba2", "shared", "mamba2", "full", "shared") * 4
+    assert shape.hybrid_state and shape.attention == "hybrid"
+    state = (128 * 64 + 2 * 8 * 128) * 3 * 2 + 128 * 64 * 128 * 4
+    per_token = 8 * 2 * 128 * 2
+    layout = vm.kv_layout(NEMOTRON_H, kv_cache_dtype="bfloat16", releases=RELEASES)
+    assert layout.block_size == 16 * -(-state // (16 * per_token)) == 1040
+    assert {s.page for s in layout.specs if s.kind in ("mamba", "full")} == {1040 * per_token}
+    assert sorted(len(g) for g in layout.groups) == [4, 4, 4, 4]      # 12 Mamba2 -> 3 groups + 4 attention
+    assert layout.blocks_per_request(131072) == 127 + 3 * 2           # align mode: 2 state blocks per group
+    fp16_ssm = vm.kv_layout(dict(NEMOTRON_H, mamba_ssm_cache_dtype="float16"), kv_cache_dtype="bfloat16",
+                            releases=RELEASES)
+    assert fp16_ssm.block_size == 16 * -(-(state - 128 * 64 * 128 * 2) // (16 * per_token))
+    with pytest.raises(ValueError, match="describes 27 layers"):
+        vm.model_shape(dict(NEMOTRON_H, hybrid_override_pattern=("M-M-M*-" * 4)[:27]))
+    with pytest.raises(ValueError, match="unknown layer type"):
+        vm.model_shape(dict(NEMOTRON_H, hybrid_override_pattern="M-M-M*X" * 4))
+
+
 def test_kimi_linear_under_0_33_rules():
     layout = vm.kv_layout(CASES["vllm-28228"]["config"], tensor_parallel_size=2, releases=RELEASES)
     assert layout.block_size == 1024                  # hybrid MLA blocks are multiples of 128 in 0.33
@@ -245,7 +276,7 @@ def test_missing_config_fields_are_named():
 
 
 @pytest.mark.parametrize("extra,match", [
-    ({"hybrid_override_pattern": "M-M-M*-"}, "Nemotron-H"),
+    ({"layers_block_type": ["mamba", "attention"]}, "layers_block_type"),
     ({"attn_layer_period": 8}, "Jamba"),
     ({"attn_type_list": [0, 0, 1]}, "lightning"),
 ])

@@ -126,3 +126,25 @@ def test_the_catalogs_kimi_eagle3_draft_plans_and_renders_its_flag():
     flag = argv[argv.index("--speculative-config") + 1]
     assert json.loads(flag) == spec
     assert "--speculative-config" not in vm.service(plain, model_dir="/m")["argv"]
+
+
+@pytest.mark.parametrize("method, tokens", [("mtp", 2), ("ngram", 4)])
+def test_speculative_tokens_add_conv_state_rows_to_linear_attention(method, tokens):
+    """vLLM sizes a GDN/KDA layer's conv state (kernel - 1 + num_speculative_tokens) x conv dim / TP (the drafted
+    tokens are verified in one step; mamba_utils.py, 0.32), whatever the drafter: the state page grows, and with it
+    the attention block the hybrid's page unification picks. Qwen3-Next at TP 4: conv dim 8192 / 4, kernel 4."""
+    from sizing_golden import load_catalog
+
+    config = dict(load_catalog()[0]["qwen3-next-80b-a3b-instruct"]["config"], num_nextn_predict_layers=1)
+    base = dict(tensor_parallel_size=4, kv_cache_dtype="bfloat16")
+    plain = layout(config, **base)
+    drafted = layout(config, {"method": method, "num_speculative_tokens": tokens}, **base)
+    ssm = 32 // 4 * 128 * 128 * 2
+    conv = 8192 // 4 * 2
+    per_token = 1 * 2 * 256 * 2                      # 2 KV heads replicated to one per rank, head_dim 256
+    for lay, rows in ((plain, 3), (drafted, 3 + tokens)):
+        state = ssm + conv * rows
+        block = 16 * -(-state // (16 * per_token))   # the smallest attention block whose page holds the state
+        assert lay.block_size == block, (rows, lay.block_size)
+        assert {s.page for s in lay.specs if s.kind == "mamba"} == {block * per_token}
+    assert (plain.block_size, drafted.block_size) == (272, 288)

@@ -172,3 +172,23 @@ def test_engine_agrees_with_vllms_own_kv_cache_code(oracle, layout, available, l
     assert got["tokens"] == want["tokens"]
     assert got["concurrency"] == want["concurrency"]
     assert got["printed"] == round(want["concurrency"], 2)
+
+
+@settings(max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tp=st.sampled_from([1, 2, 4, 8]), groups=st.sampled_from([1, 2, 4, 8]), heads=st.sampled_from([32, 64, 128]),
+       head_dim=st.sampled_from([32, 64]), state=st.sampled_from([64, 128]), conv=st.sampled_from([2, 4]),
+       num_spec=st.integers(0, 4), ssm=st.sampled_from([None, "float32", "bfloat16"]))
+def test_mamba2_state_agrees_with_vllms_own_calculators(oracle, tp, groups, heads, head_dim, state, conv, num_spec,
+                                                          ssm):
+    """Nemotron-H's Mamba2 state per request per rank (groups extended when TP does not divide them, a conv row per
+    speculative token, the SSM state in the config's mamba_ssm_cache_dtype or float32) exactly as vLLM sizes it."""
+    from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing.kv_layout import state_bytes
+
+    config = {"num_hidden_layers": 2, "hybrid_override_pattern": "M*", "torch_dtype": "bfloat16",
+              "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64, "max_position_embeddings": 4096,
+              "mamba_num_heads": heads, "mamba_head_dim": head_dim, "n_groups": groups, "ssm_state_size": state,
+              "conv_kernel": conv, **({"mamba_ssm_cache_dtype": ssm} if ssm else {})}
+    want = oracle.ask({"mamba2_state": {"tp": tp, "n_groups": groups, "num_heads": heads, "head_dim": head_dim,
+                                        "state_size": state, "conv_kernel": conv, "num_spec": num_spec,
+                                        "dtype": "bfloat16", "ssm_dtype": ssm or "float32"}})
+    assert state_bytes(vm.model_shape(config), "mamba2", tp, num_spec) == want["page"]
