@@ -71,7 +71,9 @@ options:
     type: float
     default: 0.01
   adapters:
-    description: Names of the LoRA adapters served (the plan's plan.lora.adapters); each is asked for a completion.
+    description:
+      - Names of the LoRA adapters served (the plan's plan.lora.adapters); each is asked for a completion.
+      - In check mode only those vLLM lists already (an adapter the run would add is not loaded yet).
     type: list
     elements: str
     default: []
@@ -291,12 +293,16 @@ def stream_completion(url: str, key: str | None, model: str, prompt: str, max_to
 
 
 def probe_endpoint(url: str, key: str | None, model: str, prompt: str, max_tokens: int, timeout: int,
-                   adapters: Sequence[str] = ()) -> dict:
+                   adapters: Sequence[str] = (), served_only: bool = False) -> dict:
     """Every request of the check, as answers: health, models, anonymous, chat, the stream (when chat worked) and
-    one chat completion asked of each LoRA adapter by its name."""
+    one chat completion asked of each LoRA adapter by its name (served_only: of those /v1/models lists, the others
+    named in `not_asked`: check mode, where an adapter being added is not loaded yet)."""
+    models = request(f"{url}/v1/models", key)
+    listed = served_models({"models": models})
+    asked = [name for name in adapters if name in listed or not served_only]
     observed: dict[str, Any] = {
         "health": request(f"{url}/health"),
-        "models": request(f"{url}/v1/models", key),
+        "models": models,
         "anonymous": request(f"{url}/v1/models"),
         "chat": request(
             f"{url}/v1/chat/completions", key,
@@ -310,7 +316,8 @@ def probe_endpoint(url: str, key: str | None, model: str, prompt: str, max_token
             f"{url}/v1/chat/completions", key,
             {"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
              "temperature": 0},
-            timeout) for name in adapters},
+            timeout) for name in asked},
+        "not_asked": [name for name in adapters if name not in asked],
     }
     if observed["chat"]["status"] == 200:
         try:
@@ -426,6 +433,17 @@ def unit_times(state: dict) -> dict:
     }
 
 
+def adapters_summary(observed: dict) -> list[str]:
+    """The report's line on the LoRA adapters ([] when none are served): each one's answer, and those not asked."""
+    answers = observed.get("adapters") or {}
+    not_asked = observed.get("not_asked") or []
+    if not answers and not not_asked:
+        return []
+    asked = ", ".join(f"{name} {_status(answer)}" for name, answer in answers.items())
+    line = "LoRA adapters: " + (asked or "none asked")
+    return [line + (f"; not loaded yet (check mode): {', '.join(not_asked)}" if not_asked else "")]
+
+
 def _or_unknown(value: Any) -> Any:
     """'?' for a number that is not known, for the one-line summary."""
     return "?" if value is None else value
@@ -471,8 +489,7 @@ def build_report(host: str, when: str, url: str, served_model_name: str, plan: d
             f"anonymous -> {_status(observed['anonymous'])}",
             f"chat: {_status(observed['chat'])}, TTFT {_or_unknown(stream.get('time_to_first_token_s'))} s, "
             f"{_or_unknown(stream.get('tokens_per_second'))} tokens/s",
-            *(["LoRA adapters: " + ", ".join(f"{name} {_status(observed['adapters'][name])}" for name in adapters)]
-              if adapters else []),
+            *adapters_summary(observed),
             f"KV cache tokens: vLLM {_or_unknown(kv.get('actual'))} vs plan {_or_unknown(kv.get('planned'))}"
             + (f" ({difference * 100:+.3f} %)" if difference is not None else ""),
             f"start to healthy: {_or_unknown(unit.get('seconds_to_healthy'))} s"
@@ -520,7 +537,7 @@ def main() -> None:
     lines = [message for _when, message in entries]
     startup = parse_startup(lines)
     observed = probe_endpoint(url, p["api_key"], p["model"], p["prompt"], p["max_tokens"], p["timeout"],
-                              p["adapters"])
+                              p["adapters"], served_only=module.check_mode)
     scrape = request(f"{url}/metrics", p["api_key"])
     metrics = kv_from_metrics(scrape["text"]) if scrape["status"] == 200 else {}
     pva = compare_with_plan(startup, p["plan"], metrics)

@@ -92,8 +92,8 @@ def test_the_adapter_of_the_inventory_is_downloaded_checked_served_and_in_the_ma
 def test_check_mode_shows_an_added_adapter_and_loads_nothing(host, gateway, key):
     run, before = site(host, "lora-check", "--check", "--diff", adapters=[SEA_A, SEA_B])
     assert run.rc == 0, run.output[-4000:]
-    assert "sea-b=" in run.output, "the diff of the adapters file names the new adapter"
-    assert playbook.statuses(run.output, "Load and unload the adapters at runtime") == ["changed"]
+    assert "sea-b=/srv/vllm/models/lora/" in run.output, "the diff of the adapters file names the new adapter"
+    assert "changed" in playbook.statuses(run.output, "Load and unload the adapters at runtime")
     assert unit_state(host) == before
     assert "sea-b" not in host.file(LORA_FILE).content_string
     assert ask(gateway, key, "sea-b")[0] == 404
@@ -121,9 +121,10 @@ def test_an_adapter_of_another_base_is_refused_before_the_service_changes(host):
     lora_file = host.file(LORA_FILE).content_string
     run, before = site(host, "lora-refused", adapters=[SEA_A, SEA_B, bad])
     assert run.rc != 0
+    text = " ".join(run.output.split())  # the YAML result format folds the message
     for needle in ("adapter deep was not trained for tiny-llama", "vllm-node-test/tiny-deepseek-v3",
                    "Use an adapter trained on tiny-llama"):
-        assert needle in run.output, needle
+        assert needle in text, needle
     assert "TASK [vllm_service" not in run.output
     assert unit_state(host) == before and host.file(LORA_FILE).content_string == lora_file
 

@@ -274,8 +274,18 @@ def test_probe_endpoint_against_a_fake_vllm(fake_vllm):
 
 def test_probe_endpoint_asks_each_adapter_by_its_name(fake_vllm):
     seen = measure.probe_endpoint(fake_vllm, KEY, MODEL, "hi", 8, 30, adapters=["a1"])
-    assert seen["adapters"]["a1"]["status"] == 200
+    assert seen["adapters"]["a1"]["status"] == 200 and seen["not_asked"] == []
     assert "a1" in FakeVllm.asked
+
+
+def test_in_check_mode_only_the_adapters_vllm_lists_are_asked(fake_vllm):
+    FakeVllm.asked.clear()
+    seen = measure.probe_endpoint(fake_vllm, KEY, MODEL, "hi", 8, 30, adapters=["a1"], served_only=True)
+    assert seen["adapters"] == {} and seen["not_asked"] == ["a1"]
+    assert "a1" not in FakeVllm.asked
+    assert measure.verdict(seen, {}, MODEL) == []
+    report = measure.build_report("node1", "t", fake_vllm, MODEL, {}, seen, {}, {}, {}, [])
+    assert "LoRA adapters: none asked; not loaded yet (check mode): a1" in report["summary"]
 
 
 def test_probe_endpoint_finds_an_open_endpoint(fake_vllm):
