@@ -183,3 +183,37 @@ def base_linear_shapes(config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
             shapes.update({mlp + "gate_proj.weight": (inter, hidden), mlp + "up_proj.weight": (inter, hidden),
                            mlp + "down_proj.weight": (hidden, inter)})
     return shapes
+
+
+# ---- the adapters the node downloaded (model_download's pipeline) ----------------------------------------------
+
+_ENTRY_KEYS = ("name", "repository", "revision", "base", "path")
+
+
+def downloaded_adapters(entries: list[dict[str, Any]], downloads: list[dict[str, Any]],
+                        seals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each inventory adapter with what model_download published for it, in the same order: its directory on the
+    node, every file's sha256 and the hash over them (the seal's, on the run that first completed the revision;
+    else the completion marker's). {} downloads (check mode before the first download) give no directory."""
+    if not len(entries) == len(downloads) == len(seals):
+        raise ValueError(f"{len(entries)} adapters but {len(downloads)} downloads and {len(seals)} seals: pass the "
+                         "results of the role's loops over the same list")
+    out = []
+    for entry, download, seal in zip(entries, downloads, seals, strict=True):
+        facts = {**(download or {}), **(seal or {})}
+        files = facts.get("model_download_file_sha256") or {}
+        out.append({"name": str(entry.get("name") or ""), "repository": str(entry.get("repository") or ""),
+                    "revision": str(entry.get("revision") or ""), "base": str(entry.get("base") or ""),
+                    "commit": facts.get("model_download_commit") or None,
+                    "dir": facts.get("model_download_dir") or None,
+                    "complete": bool(facts.get("model_download_complete")),
+                    "files": dict(sorted(files.items())),
+                    "files_sha256": facts.get("model_download_manifest_sha256") or None})
+    return out
+
+
+def plan_entry(entry: dict[str, Any], metadata: dict[str, Any] | None) -> dict[str, Any]:
+    """The inventory entry as the plan takes it (its own keys only), with the downloaded files' config and tensor
+    shapes when they were read (None: not downloaded yet, the plan then says it could not check them)."""
+    out = {key: entry[key] for key in _ENTRY_KEYS if key in entry}
+    return {**out, **metadata} if metadata else out

@@ -100,6 +100,16 @@ def _field(section: dict[str, Any], missing: list[str], path: str, value: Any) -
         missing.append(path)
 
 
+def lora_adapters(downloaded: Any) -> list[dict[str, Any]]:
+    """The LoRA adapters served over the model, by name: repository, revision, base, directory, every file's sha256
+    and the hash over them (model_download's lora files; [] when none are served, which is not a gap)."""
+    if not isinstance(downloaded, list):
+        return []
+    keys = ("name", "repository", "revision", "base", "dir", "files", "files_sha256")
+    return sorted(({key: adapter.get(key) for key in keys} for adapter in downloaded if isinstance(adapter, Mapping)),
+                  key=lambda adapter: str(adapter["name"]))
+
+
 def build(facts: Mapping[str, Any], secrets: Iterable[str] = (), previous: Mapping[str, Any] | None = None,
           now: str = "") -> dict[str, Any]:
     """The manifest of a node from the facts the roles published (node_manifest_facts in the role).
@@ -108,7 +118,8 @@ def build(facts: Mapping[str, Any], secrets: Iterable[str] = (), previous: Mappi
     kernel_version, addresses, gpu_health (the preflight's GPU health brief)}, os {distribution, version, codename,
     family, major_version, architecture},
     device, driver_version, driver_flavour, cuda_home, vllm_version, vllm_variant, venv, lock_sha256, model_repo,
-    model_revision, model_commit, model_dir, model_file_sha256 (dict), model_manifest_sha256, config_rules_applied,
+    model_revision, model_commit, model_dir, model_file_sha256 (dict), model_manifest_sha256, lora_adapters (list,
+    model.adapters when not empty), config_rules_applied,
     config_changes, config_files_sha256, config_texts (file name -> text, the kept originals as "<file>.orig"),
     service_name, fingerprint,
     fingerprint_inputs, unit_sha256, env_sha256, plan.
@@ -147,6 +158,9 @@ def build(facts: Mapping[str, Any], secrets: Iterable[str] = (), previous: Mappi
     files = facts.get("model_file_sha256")
     _field(model, missing, "model.files", dict(sorted(files.items())) if isinstance(files, Mapping) and files else None)
     _field(model, missing, "model.files_sha256", facts.get("model_manifest_sha256"))
+    adapters = lora_adapters(facts.get("lora_adapters"))
+    if adapters:
+        model["adapters"] = adapters
 
     config: dict[str, Any] = {}
     _field(config, missing, "config.rules_applied", facts.get("config_rules_applied"))

@@ -8,7 +8,8 @@ module: inference_check_measure
 short_description: Check a vLLM endpoint, time it, hold its startup numbers against the plan (read-only)
 description:
   - Sends from the node itself C(/health), C(/v1/models) with and without the key, one chat completion and one
-    streamed chat completion (time to first token, decode tokens/s from the usage vLLM reports).
+    streamed chat completion (time to first token, decode tokens/s from the usage vLLM reports), and one chat
+    completion asked of each LoRA adapter in O(adapters) by its name (each must be listed and answer text).
   - Reads vLLM's KV cache tokens, blocks and maximum concurrency from C(/metrics) (the C(vllm:cache_config_info)
     gauge's labels), and the journal of the unit's current invocation for what C(/metrics) lacks (KV cache bytes
     per rank, model loading; also the fallback for the KV figures) and the time from start to healthy with its
@@ -69,6 +70,13 @@ options:
     description: Allowed relative difference of the KV cache tokens (0.01 is 1 %).
     type: float
     default: 0.01
+  adapters:
+    description:
+      - Names of the LoRA adapters served (the plan's plan.lora.adapters); each is asked for a completion.
+      - In check mode only those vLLM lists already (an adapter the run would add is not loaded yet).
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - vllm_node.vllm_node.read_only
 author: vllm-node
@@ -138,7 +146,7 @@ unit:
 import contextlib
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.error import HTTPError
@@ -284,11 +292,17 @@ def stream_completion(url: str, key: str | None, model: str, prompt: str, max_to
     }
 
 
-def probe_endpoint(url: str, key: str | None, model: str, prompt: str, max_tokens: int, timeout: int) -> dict:
-    """Every request of the check, as answers: health, models, anonymous, chat, and the stream (when chat worked)."""
+def probe_endpoint(url: str, key: str | None, model: str, prompt: str, max_tokens: int, timeout: int,
+                   adapters: Sequence[str] = (), served_only: bool = False) -> dict:
+    """Every request of the check, as answers: health, models, anonymous, chat, the stream (when chat worked) and
+    one chat completion asked of each LoRA adapter by its name (served_only: of those /v1/models lists, the others
+    named in `not_asked`: check mode, where an adapter being added is not loaded yet)."""
+    models = request(f"{url}/v1/models", key)
+    listed = served_models({"models": models})
+    asked = [name for name in adapters if name in listed or not served_only]
     observed: dict[str, Any] = {
         "health": request(f"{url}/health"),
-        "models": request(f"{url}/v1/models", key),
+        "models": models,
         "anonymous": request(f"{url}/v1/models"),
         "chat": request(
             f"{url}/v1/chat/completions", key,
@@ -298,6 +312,12 @@ def probe_endpoint(url: str, key: str | None, model: str, prompt: str, max_token
         ),
         "stream": {},
         "stream_error": "",
+        "adapters": {name: request(
+            f"{url}/v1/chat/completions", key,
+            {"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+             "temperature": 0},
+            timeout) for name in asked},
+        "not_asked": [name for name in adapters if name not in asked],
     }
     if observed["chat"]["status"] == 200:
         try:
@@ -326,6 +346,29 @@ def reasoning_of(observed: dict) -> str:
     return message.get("reasoning_content", message.get("reasoning")) or observed["stream"].get("reasoning") or ""
 
 
+def answer_text(answer: dict) -> str:
+    """The first choice's content (or reasoning) of a chat completion's answer ("" when there is none)."""
+    data = answer["json"]
+    choices = data.get("choices") if isinstance(data, dict) else None
+    message = (choices[0].get("message") or {}) if choices else {}
+    return str(message.get("content") or message.get("reasoning_content") or message.get("reasoning") or "")
+
+
+def adapter_failures(observed: dict) -> list[str]:
+    """What is wrong with the LoRA adapters' answers, one sentence each ([] when each listed and answered text)."""
+    failures = []
+    served = served_models(observed)
+    for name, answer in observed.get("adapters", {}).items():
+        if name not in served:
+            failures.append(f'LoRA adapter {name} is not in /v1/models ({served}): it was not loaded; see the '
+                            "vllm_service role's lora_adapters_sync task and vLLM's journal")
+        if answer["status"] != 200:
+            failures.append(f"LoRA adapter {name}: chat completion answered {_status(answer)}: {answer['text'][:300]}")
+        elif not answer_text(answer):
+            failures.append(f"LoRA adapter {name}: chat completion returned no text")
+    return failures
+
+
 def _status(answer: dict) -> str:
     """HTTP status for a sentence, or why there was none."""
     return f"HTTP {answer['status']}" if answer["status"] is not None else f"no answer ({answer['error']})"
@@ -334,7 +377,7 @@ def _status(answer: dict) -> str:
 def verdict(observed: dict, pva: dict, served_model_name: str, require_reasoning: bool = False,
             reasoning_parser: str = "", enforce_plan: bool = False, kv_tolerance: float = 0.01) -> list[str]:
     """What is wrong with the endpoint, one sentence each (with the fix where one is known); [] means it passed."""
-    failures = []
+    failures = adapter_failures(observed)
     if observed["health"]["status"] != 200:
         failures.append(f"/health answered {_status(observed['health'])}")
     served = served_models(observed)
@@ -390,6 +433,17 @@ def unit_times(state: dict) -> dict:
     }
 
 
+def adapters_summary(observed: dict) -> list[str]:
+    """The report's line on the LoRA adapters ([] when none are served): each one's answer, and those not asked."""
+    answers = observed.get("adapters") or {}
+    not_asked = observed.get("not_asked") or []
+    if not answers and not not_asked:
+        return []
+    asked = ", ".join(f"{name} {_status(answer)}" for name, answer in answers.items())
+    line = "LoRA adapters: " + (asked or "none asked")
+    return [line + (f"; not loaded yet (check mode): {', '.join(not_asked)}" if not_asked else "")]
+
+
 def _or_unknown(value: Any) -> Any:
     """'?' for a number that is not known, for the one-line summary."""
     return "?" if value is None else value
@@ -404,6 +458,9 @@ def build_report(host: str, when: str, url: str, served_model_name: str, plan: d
     kv = pva.get("kv_cache_tokens") or {}
     difference = kv.get("relative_difference")
     chat_json = observed["chat"]["json"]
+    adapters = {name: {"status": answer["status"], "content": answer_text(answer) or None,
+                       "usage": answer["json"].get("usage") if isinstance(answer["json"], dict) else None}
+                for name, answer in observed.get("adapters", {}).items()}
     return {
         "host": host,
         "time": when,
@@ -422,6 +479,7 @@ def build_report(host: str, when: str, url: str, served_model_name: str, plan: d
         },
         "stream": {key: stream.get(key) for key in
                    ("time_to_first_token_s", "tokens_per_second", "completion_tokens", "total_s")},
+        "adapters": adapters,
         "startup": startup,
         "unit": unit,
         "plan_vs_actual": pva,
@@ -431,6 +489,7 @@ def build_report(host: str, when: str, url: str, served_model_name: str, plan: d
             f"anonymous -> {_status(observed['anonymous'])}",
             f"chat: {_status(observed['chat'])}, TTFT {_or_unknown(stream.get('time_to_first_token_s'))} s, "
             f"{_or_unknown(stream.get('tokens_per_second'))} tokens/s",
+            *adapters_summary(observed),
             f"KV cache tokens: vLLM {_or_unknown(kv.get('actual'))} vs plan {_or_unknown(kv.get('planned'))}"
             + (f" ({difference * 100:+.3f} %)" if difference is not None else ""),
             f"start to healthy: {_or_unknown(unit.get('seconds_to_healthy'))} s"
@@ -457,6 +516,7 @@ def main() -> None:
             "reasoning_parser": {"type": "str", "default": ""},
             "enforce_plan": {"type": "bool", "default": False},
             "kv_tolerance": {"type": "float", "default": 0.01},
+            "adapters": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -476,7 +536,8 @@ def main() -> None:
         entries = startup_phases.journal_entries(out.splitlines()) if rc == 0 else []
     lines = [message for _when, message in entries]
     startup = parse_startup(lines)
-    observed = probe_endpoint(url, p["api_key"], p["model"], p["prompt"], p["max_tokens"], p["timeout"])
+    observed = probe_endpoint(url, p["api_key"], p["model"], p["prompt"], p["max_tokens"], p["timeout"],
+                              p["adapters"], served_only=module.check_mode)
     scrape = request(f"{url}/metrics", p["api_key"])
     metrics = kv_from_metrics(scrape["text"]) if scrape["status"] == 200 else {}
     pva = compare_with_plan(startup, p["plan"], metrics)

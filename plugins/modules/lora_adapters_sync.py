@@ -52,7 +52,8 @@ EXAMPLES = r"""
     url: http://127.0.0.1:8000
     api_key: "{{ vllm_service_effective_api_key }}"
     adapters:
-      - {name: support-bot, path: /srv/vllm/models/lora/acme/support-bot/0123456789abcdef0123456789abcdef01234567}
+      - name: support-bot
+        path: /srv/vllm/models/lora/acme/support-bot/revisions/0123456789abcdef0123456789abcdef01234567
 """
 
 RETURN = r"""

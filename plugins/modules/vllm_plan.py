@@ -144,7 +144,7 @@ options:
         adapter_model.safetensors) is checked against the base before anything changes (LoRA, rank within
         O(max_lora_rank), modules the base has with its shapes); one without is checked by vLLM when it loads.
       - More adapters than O(max_loras) raise the slots to their count, and the plan sizes the raised value.
-      - They are served from <model_root>/lora/<repository>/<revision>, listed in plan.lora.adapters and in
+      - They are served from <model_root>/lora/<repository>/revisions/<revision>, listed in plan.lora.adapters and in
         plan.service.lora_modules, which is outside plan.service.fingerprint (an adapter change restarts nothing).
     type: list
     elements: raw

@@ -195,6 +195,6 @@ def test_plan_serves_good_adapters_from_their_pinned_directory(tmp_path: Path) -
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["lora"]["max_loras"] == 2 and [a["checked"] for a in plan["lora"]["adapters"]] == [True, True]
     assert plan["service"]["lora_modules"] == [
-        "--lora-modules", f"good=/srv/vllm/models/lora/vllm-node-test/good/{LORA_COMMIT}",
-        f"mlp=/srv/vllm/models/lora/vllm-node-test/mlp/{LORA_COMMIT}"]
+        "--lora-modules", f"good=/srv/vllm/models/lora/vllm-node-test/good/revisions/{LORA_COMMIT}",
+        f"mlp=/srv/vllm/models/lora/vllm-node-test/mlp/revisions/{LORA_COMMIT}"]
     assert any("max_loras raised from 1 to 2" in note for note in plan["notes"])

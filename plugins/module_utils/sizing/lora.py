@@ -156,7 +156,9 @@ def plan_adapters(entries: Any, settings: LoRA | None, *, base: str, base_names:
         else:
             notes.append(f"adapter {entry['name']}: its files were not read (no path), so its rank and modules are "
                          f"checked by vLLM when it loads, not by the plan")
-        out.append(dict(entry, path=f"{adapter_root}/{entry['repository']}/{entry['revision']}", checked=has_files))
+        # model_download's layout: one directory per commit under the repository's revisions/
+        out.append(dict(entry, path=f"{adapter_root}/{entry['repository']}/revisions/{entry['revision']}",
+                        checked=has_files))
     if problems:
         raise SizingError("; ".join(problems))
     slots = settings.max_loras

@@ -300,7 +300,7 @@ def _service_inputs(args: Mapping[str, Any], repo: str, serving: Any) -> Service
 
 def _adapters(args: Mapping[str, Any], knobs: dict[str, Any], model: ModelRequest) -> lora.AdapterPlan | None:
     """The inventory's LoRA adapters checked against the model and the slots (None: none listed). Their files
-    live on the node under <model_root>/lora/<repository>/<revision>."""
+    live on the node under <model_root>/lora/<repository>/revisions/<revision>."""
     repo = str(model.entry.get("repo") or "")
     served = str(model.served_model_name or repo or model.key)
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 from unittest import mock
 
 import pytest
@@ -134,8 +135,9 @@ def test_report_has_every_field_and_a_summary():
     report = measure.build_report("node1", "2026-12-01T00:00:00+00:00", "http://127.0.0.1:8000", MODEL, plan,
                                   observed(), startup, unit, rows, failures)
     assert list(report) == ["host", "time", "url", "served_model_name", "plan", "health", "models",
-                            "unauthenticated_status", "chat", "stream", "startup", "unit", "plan_vs_actual",
-                            "failures", "summary"]
+                            "unauthenticated_status", "chat", "stream", "adapters", "startup", "unit",
+                            "plan_vs_actual", "failures", "summary"]
+    assert report["adapters"] == {}
     assert report["plan"] == {"model": MODEL, "device": "cpu", "vllm_version": "0.32.0", "max_model_len": 4096,
                               "vllm_args": ["--max-model-len", "4096"]}
     assert (report["health"], report["models"], report["unauthenticated_status"]) == (200, [MODEL], 401)
@@ -150,6 +152,29 @@ def test_report_has_every_field_and_a_summary():
         "start to healthy: 42 s",
         "FAILED: x",
     ]
+
+
+ADAPTER_ANSWER = answer(200, {"choices": [{"message": {"content": "Tide."}}], "usage": {"completion_tokens": 2}})
+
+
+def test_each_lora_adapter_must_be_listed_and_answer_and_the_report_says_how_each_did():
+    models = answer(200, {"data": [{"id": MODEL}, {"id": "a1"}, {"id": "a2"}]})
+    good = observed(models=models, adapters={"a1": ADAPTER_ANSWER, "a2": ADAPTER_ANSWER})
+    assert measure.verdict(good, {}, MODEL) == []
+    gone = answer(404, {"error": {"message": "The model `a2` does not exist."}})
+    empty = answer(200, {"choices": [{"message": {"content": ""}}]})
+    failures = measure.verdict(observed(models=answer(200, {"data": [{"id": MODEL}, {"id": "a1"}]}),
+                                        adapters={"a1": empty, "a2": gone}), {}, MODEL)
+    assert failures == [
+        "LoRA adapter a1: chat completion returned no text",
+        "LoRA adapter a2 is not in /v1/models (['tiny-llama', 'a1']): it was not loaded; see the vllm_service role's "
+        "lora_adapters_sync task and vLLM's journal",
+        'LoRA adapter a2: chat completion answered HTTP 404: {"error": {"message": "The model `a2` does not exist."}}',
+    ]
+    report = measure.build_report("node1", "t", "http://127.0.0.1:8000", MODEL, {}, good, {}, {}, {}, [])
+    assert report["adapters"] == {"a1": {"status": 200, "content": "Tide.", "usage": {"completion_tokens": 2}},
+                                  "a2": {"status": 200, "content": "Tide.", "usage": {"completion_tokens": 2}}}
+    assert "LoRA adapters: a1 HTTP 200, a2 HTTP 200" in report["summary"]
 
 
 def test_report_summary_names_where_the_start_went():
@@ -183,6 +208,7 @@ class FakeVllm(BaseHTTPRequestHandler):
     """/health, /v1/models and /v1/chat/completions (plain and streamed) as vLLM answers them, key required."""
 
     anonymous_status = 401
+    asked: ClassVar[list[str]] = []  # the model of every POST, in order
 
     def log_message(self, *args):  # keep pytest's output clean
         pass
@@ -208,6 +234,7 @@ class FakeVllm(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        FakeVllm.asked.append(body.get("model"))
         if not self._authorized():
             self._send(401, {"error": "Unauthorized"})
             return
@@ -242,6 +269,23 @@ def test_probe_endpoint_against_a_fake_vllm(fake_vllm):
     assert seen["stream"]["text"] == "a" * 8
     assert seen["stream"]["time_to_first_token_s"] is not None
     assert measure.verdict(seen, {}, MODEL) == []
+    assert seen["adapters"] == {}
+
+
+def test_probe_endpoint_asks_each_adapter_by_its_name(fake_vllm):
+    seen = measure.probe_endpoint(fake_vllm, KEY, MODEL, "hi", 8, 30, adapters=["a1"])
+    assert seen["adapters"]["a1"]["status"] == 200 and seen["not_asked"] == []
+    assert "a1" in FakeVllm.asked
+
+
+def test_in_check_mode_only_the_adapters_vllm_lists_are_asked(fake_vllm):
+    FakeVllm.asked.clear()
+    seen = measure.probe_endpoint(fake_vllm, KEY, MODEL, "hi", 8, 30, adapters=["a1"], served_only=True)
+    assert seen["adapters"] == {} and seen["not_asked"] == ["a1"]
+    assert "a1" not in FakeVllm.asked
+    assert measure.verdict(seen, {}, MODEL) == []
+    report = measure.build_report("node1", "t", fake_vllm, MODEL, {}, seen, {}, {}, {}, [])
+    assert "LoRA adapters: none asked; not loaded yet (check mode): a1" in report["summary"]
 
 
 def test_probe_endpoint_finds_an_open_endpoint(fake_vllm):

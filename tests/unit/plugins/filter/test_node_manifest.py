@@ -93,6 +93,26 @@ def test_the_hash_covers_everything_but_the_host_section() -> None:
     assert changed["manifest_sha256"] != manifest["manifest_sha256"]
 
 
+def test_lora_adapters_are_listed_by_name_with_their_hashes_and_none_is_not_a_gap() -> None:
+    downloaded = [{"name": name, "repository": f"o/{name}", "revision": "1" * 40, "base": "tiny-llama",
+                   "commit": "1" * 40, "dir": f"/srv/vllm/models/lora/o/{name}/revisions/" + "1" * 40,
+                   "complete": True, "files": {"adapter_model.safetensors": sha}, "files_sha256": sha * 2}
+                  for name, sha in (("b", "2" * 32), ("a", "3" * 32))]
+    manifest = build(facts(lora_adapters=downloaded))
+    assert [a["name"] for a in manifest["model"]["adapters"]] == ["a", "b"]
+    assert manifest["model"]["adapters"][0] == {
+        "name": "a", "repository": "o/a", "revision": "1" * 40, "base": "tiny-llama",
+        "dir": "/srv/vllm/models/lora/o/a/revisions/" + "1" * 40,
+        "files": {"adapter_model.safetensors": "3" * 32}, "files_sha256": "3" * 64}
+    assert manifest["missing"] == []
+    # another adapter file is another manifest; no adapters is no key and nothing missing
+    other = copy.deepcopy(downloaded)
+    other[0]["files"]["adapter_model.safetensors"] = "9" * 32
+    assert build(facts(lora_adapters=other))["manifest_sha256"] != manifest["manifest_sha256"]
+    assert "adapters" not in build(facts(lora_adapters=[]))["model"]
+    assert build(facts(lora_adapters=[]))["manifest_sha256"] == build()["manifest_sha256"]
+
+
 def test_two_nodes_from_the_same_inventory_differ_only_in_host() -> None:
     other = facts(host={"inventory_hostname": "node-b", "hostname": "node-b", "machine_id": "fedcba9876543210",
                         "kernel_release": "6.8.0-47-generic", "kernel_version": "#47-Ubuntu SMP",

@@ -139,3 +139,30 @@ def test_adapter_metadata_is_json_data_of_the_files(hub: Path) -> None:
     assert metadata["shapes"]["base_model.model.model.layers.1.self_attn.v_proj.lora_B.weight"] == [64, 8]
     with pytest.raises(FileNotFoundError):
         la.adapter_metadata(hub / "missing")
+
+
+def test_downloaded_adapters_pair_each_entry_with_its_download_and_seal() -> None:
+    entries = [{"name": "a", "repository": "o/a", "revision": "1" * 40, "base": "tiny-llama", "path": "/x"},
+               {"name": "b", "repository": "o/b", "revision": "2" * 40, "base": "tiny-llama"}]
+    marker = {"model_download_commit": "2" * 40, "model_download_dir": "/m/lora/o/b/revisions/" + "2" * 40,
+              "model_download_complete": True, "model_download_file_sha256": {"z": "1", "a": "2"},
+              "model_download_manifest_sha256": "h"}
+    first = {"model_download_commit": "1" * 40, "model_download_dir": "/d"}
+    sealed = {"model_download_complete": True, "model_download_file_sha256": {"f": "3"},
+              "model_download_manifest_sha256": "s"}
+    a, b = la.downloaded_adapters(entries, [first, marker], [sealed, {}])
+    assert (a["dir"], a["files"], a["files_sha256"], a["complete"]) == ("/d", {"f": "3"}, "s", True)
+    assert list(b["files"]) == ["a", "z"] and b["files_sha256"] == "h" and b["commit"] == "2" * 40
+    assert la.downloaded_adapters(entries[:1], [{}], [{}])[0] | {"name": ""} == {
+        "name": "", "repository": "o/a", "revision": "1" * 40, "base": "tiny-llama", "commit": None, "dir": None,
+        "complete": False, "files": {}, "files_sha256": None}
+    with pytest.raises(ValueError, match="2 adapters but 1 downloads and 2 seals"):
+        la.downloaded_adapters(entries, [first], [{}, {}])
+
+
+def test_plan_entry_keeps_the_inventory_keys_and_adds_the_read_files() -> None:
+    entry = {"name": "a", "repository": "o/a", "revision": "1" * 40, "base": "m", "path": "/p", "extra": 1}
+    assert la.plan_entry(entry, None) == {k: v for k, v in entry.items() if k != "extra"}
+    read = {"config": {"r": 8}, "shapes": {"t": [8, 64]}}
+    assert la.plan_entry(entry, read) == {"name": "a", "repository": "o/a", "revision": "1" * 40, "base": "m",
+                                          "path": "/p", **read}

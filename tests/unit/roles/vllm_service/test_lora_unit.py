@@ -60,9 +60,9 @@ def test_the_unit_starts_with_the_files_adapters_and_does_not_change_with_them()
     assert render(UNIT, one) == unit, "an adapter change must not change the unit (its hash restarts vLLM)"
     assert one["service"]["fingerprint"] == two["service"]["fingerprint"]
     root = "/srv/vllm/models/lora/acme"
-    assert f"\nNODE_LORA_MODULES=--lora-modules alpha={root}/alpha/{COMMIT} beta={root}/beta/{COMMIT}\n" in \
-        render(LORA_FILE, two)
-    assert f"\nNODE_LORA_MODULES=--lora-modules alpha={root}/alpha/{COMMIT}\n" in render(LORA_FILE, one)
+    both = f"alpha={root}/alpha/revisions/{COMMIT} beta={root}/beta/revisions/{COMMIT}"
+    assert f"\nNODE_LORA_MODULES=--lora-modules {both}\n" in render(LORA_FILE, two)
+    assert f"\nNODE_LORA_MODULES=--lora-modules alpha={root}/alpha/revisions/{COMMIT}\n" in render(LORA_FILE, one)
     assert f"# beta: acme/beta@{COMMIT} on tiny-llama" in render(LORA_FILE, two)
 
 

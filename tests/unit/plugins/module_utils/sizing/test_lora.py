@@ -90,10 +90,10 @@ def test_adapters_of_the_base_are_served_from_their_pinned_directory_outside_the
     plan = lora_plan([entry("good", adapters["good"]), entry("good-mlp", adapters["good-mlp"])], max_loras="2")
     root = "/srv/vllm/models/lora/vllm-node-test"
     assert [(a["name"], a["path"], a["checked"]) for a in plan["lora"]["adapters"]] == [
-        ("good", f"{root}/good/{COMMIT}", True), ("good-mlp", f"{root}/good-mlp/{COMMIT}", True)]
+        ("good", f"{root}/good/revisions/{COMMIT}", True), ("good-mlp", f"{root}/good-mlp/revisions/{COMMIT}", True)]
     service = plan["service"]
-    assert service["lora_modules"] == ["--lora-modules", f"good={root}/good/{COMMIT}",
-                                       f"good-mlp={root}/good-mlp/{COMMIT}"]
+    assert service["lora_modules"] == ["--lora-modules", f"good={root}/good/revisions/{COMMIT}",
+                                       f"good-mlp={root}/good-mlp/revisions/{COMMIT}"]
     assert "--lora-modules" not in service["argv"]
     assert service["argv"][service["argv"].index("--enable-lora"):][:5] == [
         "--enable-lora", "--max-loras", "2", "--max-lora-rank", "16"]
