@@ -114,6 +114,12 @@ latest:
   description: The last journal line since O(since) (shortened).
   returned: success
   type: str
+ended:
+  description:
+    - How the unit ended when it is inactive or failed (its C(Result), how its main process exited or which signal
+      killed it), e.g. C(result success, main process killed by signal 15); empty otherwise.
+  returned: success
+  type: str
 cause:
   description: Root-cause lines (distinct exceptions, then systemd's verdict) when RV(status) is V(failed).
   returned: success
@@ -183,8 +189,10 @@ from ansible_collections.vllm_node.vllm_node.plugins.module_utils import proc_tr
 
 PROPERTIES = (
     "ActiveState", "SubState", "MainPID", "NRestarts", "Result", "InactiveExitTimestamp",
-    "ActiveEnterTimestamp", "LoadState", "InvocationID",
+    "ActiveEnterTimestamp", "LoadState", "InvocationID", "ExecMainCode", "ExecMainStatus",
 )
+# systemd's ExecMainCode: how the main process ended (CLD_* of waitid(2)).
+EXIT_CODES = {"1": "exited", "2": "killed", "3": "dumped"}
 POLL_SECONDS = 2
 
 
@@ -206,6 +214,23 @@ def classify(state: dict, job_pending: bool, restarts: int, not_invocation: str 
     if active in ("failed", "inactive"):
         return "failed"
     return "loading"
+
+
+def main_process_end(state: dict) -> str:
+    """How the unit ended, from `systemctl show` (Result, ExecMainCode, ExecMainStatus), e.g.
+    "result success, main process killed by signal 15"; empty while the unit is neither inactive nor failed.
+
+    Said when the journal holds no error: a clean stop or a signal from outside leaves none."""
+    if state.get("ActiveState") not in ("inactive", "failed"):
+        return ""
+    code, status = EXIT_CODES.get(str(state.get("ExecMainCode") or "")), str(state.get("ExecMainStatus") or "")
+    if code == "exited":
+        how = f"main process exited with status {status}"
+    elif code in ("killed", "dumped"):
+        how = f"main process {code} by signal {status}"
+    else:
+        how = "main process never started"
+    return f"result {state.get('Result') or 'unknown'}, {how}"
 
 
 def healthy(url: str) -> bool:
@@ -261,13 +286,20 @@ def main() -> None:
             break
         time.sleep(POLL_SECONDS)
 
-    # JSON, so the replaced invocation's lines (the killed process's last words) are left out of the cause
-    rc, out, _err = module.run_command(
-        ["journalctl", "-u", unit, "--since", f"@{since}", "-o", "json", "--no-pager", "-n", "5000",
-         "--output-fields", "MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID"]
-    )
-    messages = vllm_log.journal_messages(out.splitlines(), module.params["not_invocation"]) if rc == 0 else []
-    lines = vllm_log.strip_colors(messages)
+    def journal() -> tuple[int, str, list[str]]:
+        # JSON, so the replaced invocation's lines (the killed process's last words) are left out of the cause
+        rc, out, _err = module.run_command(
+            ["journalctl", "-u", unit, "--since", f"@{since}", "-o", "json", "--no-pager", "-n", "5000",
+             "--output-fields", "MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID"]
+        )
+        messages = vllm_log.journal_messages(out.splitlines(), module.params["not_invocation"]) if rc == 0 else []
+        return rc, out, vllm_log.strip_colors(messages)
+
+    rc, out, lines = journal()
+    if status == "failed" and not vllm_log.root_cause(lines):
+        # journald writes asynchronously: on a busy node the last words of a process that just ended come late
+        time.sleep(POLL_SECONDS)
+        rc, out, lines = journal()
     now = int(time.time())
     result = {
         "changed": False,
@@ -280,6 +312,7 @@ def main() -> None:
         "sub_state": state.get("SubState"),
         "main_pid": int(state.get("MainPID") or 0),
         "invocation_id": state.get("InvocationID") or "",
+        "ended": main_process_end(state),
         "progress": vllm_log.progress_lines(lines),
         "latest": vllm_log.shorten(lines[-1]) if lines else "",
         "cause": [],

@@ -107,6 +107,23 @@ def test_classify(state, job, restarts, old, expected):
     assert probe.classify(state, job, restarts, old) == expected
 
 
+@pytest.mark.parametrize(
+    ("state", "expected"),
+    [
+        ({"ActiveState": "inactive", "Result": "success", "ExecMainCode": "2", "ExecMainStatus": "15"},
+         "result success, main process killed by signal 15"),
+        ({"ActiveState": "failed", "Result": "exit-code", "ExecMainCode": "1", "ExecMainStatus": "1"},
+         "result exit-code, main process exited with status 1"),
+        ({"ActiveState": "inactive", "Result": "success", "ExecMainCode": "0", "ExecMainStatus": "0"},
+         "result success, main process never started"),
+        ({"ActiveState": "activating", "Result": "success", "ExecMainCode": "0"}, ""),
+    ],
+)
+def test_main_process_end(state, expected):
+    """A dead unit with no error in the journal still says how it ended (a clean exit, a signal from outside)."""
+    assert probe.main_process_end(state) == expected
+
+
 def test_parse_startup_cpu():
     startup = vllm_log.parse_startup(CPU_STARTUP)
     assert startup["kv_cache_tokens"] == 2097152
