@@ -297,6 +297,13 @@ def probe_endpoint(url: str, key: str | None, model: str, prompt: str, max_token
     """Every request of the check, as answers: health, models, anonymous, chat, the stream (when chat worked) and
     one chat completion asked of each LoRA adapter by its name (served_only: of those /v1/models lists, the others
     named in `not_asked`: check mode, where an adapter being added is not loaded yet)."""
+    def chat(name: str) -> dict:
+        """One greedy chat completion asked of the base model or an adapter, by its served name."""
+        return request(f"{url}/v1/chat/completions", key,
+                       {"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+                        "temperature": 0},
+                       timeout)
+
     models = request(f"{url}/v1/models", key)
     listed = served_models({"models": models})
     asked = [name for name in adapters if name in listed or not served_only]
@@ -304,19 +311,10 @@ def probe_endpoint(url: str, key: str | None, model: str, prompt: str, max_token
         "health": request(f"{url}/health"),
         "models": models,
         "anonymous": request(f"{url}/v1/models"),
-        "chat": request(
-            f"{url}/v1/chat/completions", key,
-            {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-             "temperature": 0},
-            timeout,
-        ),
+        "chat": chat(model),
         "stream": {},
         "stream_error": "",
-        "adapters": {name: request(
-            f"{url}/v1/chat/completions", key,
-            {"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-             "temperature": 0},
-            timeout) for name in asked},
+        "adapters": {name: chat(name) for name in asked},
         "not_asked": [name for name in adapters if name not in asked],
     }
     if observed["chat"]["status"] == 200:
@@ -333,11 +331,16 @@ def served_models(observed: dict) -> list:
     return [entry.get("id") for entry in data.get("data") or []] if isinstance(data, dict) else []
 
 
-def chat_message(observed: dict) -> dict:
-    """The first choice's message of the chat completion ({} when there is none)."""
-    data = observed["chat"]["json"]
+def first_message(answer: dict) -> dict:
+    """The first choice's message of a chat completion's answer ({} when there is none)."""
+    data = answer["json"]
     choices = data.get("choices") if isinstance(data, dict) else None
     return (choices[0].get("message") or {}) if choices else {}
+
+
+def chat_message(observed: dict) -> dict:
+    """The first choice's message of the check's chat completion ({} when there is none)."""
+    return first_message(observed["chat"])
 
 
 def reasoning_of(observed: dict) -> str:
@@ -348,9 +351,7 @@ def reasoning_of(observed: dict) -> str:
 
 def answer_text(answer: dict) -> str:
     """The first choice's content (or reasoning) of a chat completion's answer ("" when there is none)."""
-    data = answer["json"]
-    choices = data.get("choices") if isinstance(data, dict) else None
-    message = (choices[0].get("message") or {}) if choices else {}
+    message = first_message(answer)
     return str(message.get("content") or message.get("reasoning_content") or message.get("reasoning") or "")
 
 
