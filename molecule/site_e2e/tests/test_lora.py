@@ -20,11 +20,14 @@ from harness import node, playbook
 from harness.api import Gateway, chat
 from harness.figures import Figures
 from harness.project import ARTIFACTS, PROJECT
+from harness.unit import show
 
 HOST = "site_e2e-bookworm"
 SITE = PROJECT / "playbooks/site.yml"
 LORA_FILE = "/etc/vllm/vllm-lora.env"
 NO_BENCHMARK = {"inference_check_benchmark": False}
+# The process a restart would replace (harness.unit.show reads them).
+PROCESS = ("MainPID", "ActiveEnterTimestamp")
 record = Figures(ARTIFACTS / "site_e2e-measurements.json").record
 
 testinfra_hosts = [f"ansible://{HOST}"]
@@ -43,16 +46,11 @@ SEA_B = adapter("sea-b", "tiny-llama-lora-b")
 def site(host: Any, name: str, *args: str, adapters: list[dict[str, str]] | None = None) -> tuple[playbook.Run,
                                                                                                   dict[str, str]]:
     """site.yml on the node with these adapters (None: the inventory's); the run and the unit's state before it."""
-    before = unit_state(host)
+    before = show(host, "vllm", PROCESS)
     extra: dict[str, Any] = dict(NO_BENCHMARK, **({} if adapters is None else {"vllm_node_lora_adapters": adapters}))
     run = playbook.in_scenario("site_e2e", name, SITE, *args, extra_vars=extra)
     record(f"{name.replace('-', '_')}_seconds", round(run.seconds, 1))
     return run, before
-
-
-def unit_state(host: Any) -> dict[str, str]:
-    out = host.check_output("systemctl show vllm -p MainPID -p ActiveEnterTimestamp")
-    return dict(line.split("=", 1) for line in out.splitlines())
 
 
 def ask(gateway: Gateway, key: str, model: str) -> tuple[int, bytes]:
@@ -94,7 +92,7 @@ def test_check_mode_shows_an_added_adapter_and_loads_nothing(host, gateway, key)
     assert run.rc == 0, run.output[-4000:]
     assert "sea-b=/srv/vllm/models/lora/" in run.output, "the diff of the adapters file names the new adapter"
     assert "changed" in playbook.statuses(run.output, "Load and unload the adapters at runtime")
-    assert unit_state(host) == before
+    assert show(host, "vllm", PROCESS) == before
     assert "sea-b" not in host.file(LORA_FILE).content_string
     assert ask(gateway, key, "sea-b")[0] == 404
 
@@ -102,7 +100,7 @@ def test_check_mode_shows_an_added_adapter_and_loads_nothing(host, gateway, key)
 def test_an_added_adapter_is_loaded_without_a_restart_and_answers_through_the_gateway(host, gateway, key):
     run, before = site(host, "lora-add", adapters=[SEA_A, SEA_B])
     assert run.rc == 0, run.output[-4000:]
-    assert unit_state(host) == before, "adding an adapter restarted vLLM"
+    assert show(host, "vllm", PROCESS) == before, "adding an adapter restarted vLLM"
     assert "RUNNING HANDLER [vllm_service : Restart vllm]" not in run.output
     assert "sea-b=" in host.file(LORA_FILE).content_string
     status, body = ask(gateway, key, "sea-b")
@@ -126,13 +124,13 @@ def test_an_adapter_of_another_base_is_refused_before_the_service_changes(host):
                    "Use an adapter trained on tiny-llama"):
         assert needle in text, needle
     assert "TASK [vllm_service" not in run.output
-    assert unit_state(host) == before and host.file(LORA_FILE).content_string == lora_file
+    assert show(host, "vllm", PROCESS) == before and host.file(LORA_FILE).content_string == lora_file
 
 
 def test_a_removed_adapter_is_unloaded_without_a_restart_and_the_rest_keeps_serving(host, gateway, key):
     run, before = site(host, "lora-remove")
     assert run.rc == 0, run.output[-4000:]
-    assert unit_state(host) == before, "removing an adapter restarted vLLM"
+    assert show(host, "vllm", PROCESS) == before, "removing an adapter restarted vLLM"
     assert "sea-b" not in host.file(LORA_FILE).content_string
     status, body = ask(gateway, key, "sea-b")
     assert status == 404, body[:300]
