@@ -13,7 +13,7 @@ from typing import Any
 from . import speculative
 from .backends import Backend, attention_backend, resolve_kv_cache_dtype
 from .errors import SizingError, refuse_unknown_keywords
-from .model import DTYPE_BYTES, ModelShape, kv_bytes
+from .model import DTYPE_BYTES, STATE_KINDS, ModelShape, kv_bytes
 from .parallel import kv_heads_per_rank, validate_parallel
 from .units import cdiv, is_auto, to_int
 from .versions import Releases, releases_data, rule
@@ -404,8 +404,7 @@ def build_layout(config: dict[str, Any], shape: ModelShape, inputs: LayoutInputs
     per_token = max(per_layer)
     spec = speculative.resolve(config, inputs.speculative_config)
     num_spec = spec.tokens if spec is not None else 0
-    state_pages = {k: state_bytes(shape, k, tp, num_spec) for k in set(shape.kinds)
-                   if k in ("gdn", "kda", "mamba2")}
+    state_pages = {k: state_bytes(shape, k, tp, num_spec) for k in set(shape.kinds) if k in STATE_KINDS}
     mode = inputs.mamba_cache_mode or rule(rel, "mamba_cache_mode_default", version)
     if state_pages:
         block = _hybrid_block(shape, backend, block, per_token, max(state_pages.values()), inputs, notes)

@@ -23,6 +23,8 @@ _LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding", "linea
 # Nemotron-H hybrid_override_pattern: one character per layer (vLLM's nemotron_h.py): M Mamba2 (recurrent state),
 # * attention (KV), - MLP and E MoE (no cache of their own).
 _PATTERN_KINDS = {"M": "mamba2", "*": "full", "-": "shared", "E": "shared"}
+# Layer kinds that keep a recurrent state per request instead of KV per token.
+STATE_KINDS = ("gdn", "kda", "mamba2")
 _MAMBA2_KEYS = ("mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel")
 _GDN_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
              "linear_conv_kernel_dim")
@@ -78,7 +80,7 @@ class ModelShape:
 
     @property
     def hybrid_state(self) -> bool:
-        return any(k in ("gdn", "kda", "mamba2") for k in self.kinds)
+        return any(k in STATE_KINDS for k in self.kinds)
 
     @property
     def attention(self) -> str:
