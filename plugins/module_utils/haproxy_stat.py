@@ -56,3 +56,10 @@ def missing_servers(servers: dict[str, dict[str, dict[str, Any]]], backend: str,
     """The names of `wanted` that are not servers of `backend` (all of them when the backend is unknown)."""
     known = servers.get(backend) or {}
     return [name for name in wanted if name not in known]
+
+
+def drained_servers(servers: dict[str, dict[str, dict[str, Any]]], backend: str, wanted: list[str]) -> list[str]:
+    """The names of `wanted` that `backend` holds in drain mode (set through the runtime API: HAProxy sends them no
+    new request until they are enabled again)."""
+    known = servers.get(backend) or {}
+    return [name for name in wanted if (known.get(name) or {}).get("admin_drain")]

@@ -54,6 +54,11 @@ missing:
   description: The names of O(servers) that O(backend) does not have (the task fails when any).
   returned: always
   type: list
+drained:
+  description: The names of O(servers) that O(backend) holds in drain mode (set through the runtime API, e.g. a node
+    an earlier rollout left out).
+  returned: success
+  type: list
 """
 
 import os
@@ -63,7 +68,11 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import missing_servers, parse_show_stat
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import (
+    drained_servers,
+    missing_servers,
+    parse_show_stat,
+)
 
 
 def ask(path: str, command: str, timeout: int) -> str:
@@ -109,7 +118,8 @@ def main() -> None:
                 f"backends: {', '.join(sorted(backends)) or 'none'}). List each node in the gateway's "
                 "gateway_backends under its inventory name, or set rollout_gateway_server.",
             backends=backends, missing=missing)
-    module.exit_json(changed=False, backends=backends, missing=missing)
+    drained = drained_servers(backends, backend, wanted) if backend else []
+    module.exit_json(changed=False, backends=backends, missing=missing, drained=drained)
 
 
 if __name__ == "__main__":
