@@ -9,7 +9,7 @@ short_description: Read the servers of HAProxy's backends from its runtime API s
 description:
   - Sends C(show stat) to HAProxy's runtime API (a UNIX socket, e.g. the gateway role's
     C(/run/haproxy/gateway.sock)) and returns backend -> server -> status, weight and current sessions.
-  - With O(servers), fails naming the ones that are not servers of O(backend) (with O(backend) empty: of any
+  - With O(servers), fails naming the ones that are not servers of O(backend) (with O(backend) empty, of any
     backend, as a server of its own); playbooks/rollout.yml uses it to refuse a node the gateway does not know
     before anything is drained, and drains and enables it in every backend of RV(holding).
   - Changes nothing.

@@ -32,6 +32,7 @@ from test_plan_playbook import ROOT
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import haproxy_stat
 from harness import haproxy, playbook
+from harness.api import chat
 from harness.backends import NamedBackend, free_port
 
 KEY = "routing-test-key"
@@ -355,9 +356,9 @@ def model_gateway(tmp_path: Path, model_backends: dict[str, NamedBackend]) -> It
         yield running
 
 
-def chat(model: Any, **fields: Any) -> bytes:
-    """A chat request's JSON body for `model`."""
-    return json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], **fields}).encode()
+def chat_bytes(model: Any, **fields: Any) -> bytes:
+    """harness.api's chat request body for `model` (any JSON value), as bytes."""
+    return json.dumps({**chat("", 8, **fields), "model": model}).encode()
 
 
 def error_of(status: int, data: bytes, code: int) -> dict[str, Any]:
@@ -372,7 +373,7 @@ def error_of(status: int, data: bytes, code: int) -> dict[str, Any]:
 def test_each_models_requests_reach_only_its_servers_streamed_or_not(model_gateway: Gateway,
                                                                      model_backends: dict[str, NamedBackend]) -> None:
     for model in ("alpha", "alpha-lora", "beta") * 4:
-        status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat(model))
+        status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat_bytes(model))
         assert status == 200, data
         assert json.loads(data)["server"] in [n for n, served in MODELS.items() if model in served], (model, data)
     assert sorted(model_backends["beta-1"].models) == ["beta"] * 4
@@ -383,7 +384,7 @@ def test_each_models_requests_reach_only_its_servers_streamed_or_not(model_gatew
     for model, servers in (("beta", {"beta-1"}), ("alpha", {"alpha-1", "alpha-2"})):
         conn = http.client.HTTPSConnection("127.0.0.1", model_gateway.port, context=model_gateway.context, timeout=30)
         try:
-            conn.request("POST", "/v1/chat/completions", chat(model, stream=True, gap=1.0),
+            conn.request("POST", "/v1/chat/completions", chat_bytes(model, stream=True, gap=1.0),
                          {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
             resp = conn.getresponse()
             assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
@@ -412,10 +413,10 @@ def test_models_lists_every_model_the_gateway_serves(model_gateway: Gateway,
 
 def test_unknown_model_missing_model_and_a_body_too_large_are_refused_in_vllms_shape(
         model_gateway: Gateway, model_backends: dict[str, NamedBackend]) -> None:
-    error = error_of(*[model_gateway.call("POST", "/v1/chat/completions", chat('gpt-"4o'))[i] for i in (0, 2)], 404)
+    error = error_of(*[model_gateway.call("POST", "/v1/chat/completions", chat_bytes('gpt-"4o'))[i] for i in (0, 2)], 404)
     assert error == {"message": 'The model `gpt-"4o` does not exist. Valid aliases: alpha, alpha-lora, beta.',
                      "type": "NotFoundError", "param": "model", "code": 404}
-    for body in (b"not json", b'{"messages": []}', chat(None), chat(""), chat(["alpha"]), chat({"id": "alpha"}),
+    for body in (b"not json", b'{"messages": []}', chat_bytes(None), chat_bytes(""), chat_bytes(["alpha"]), chat_bytes({"id": "alpha"}),
                  b'{"model": ', b'[{"model": "alpha"}]'):
         status, _, data = model_gateway.call("POST", "/v1/completions", body)
         error = error_of(status, data, 400)
@@ -423,8 +424,8 @@ def test_unknown_model_missing_model_and_a_body_too_large_are_refused_in_vllms_s
     # a GET names no model
     assert model_gateway.call("GET", "/v1/responses/resp-1")[0] == 400
     # the limit is the body's size: at it, routed; one byte over, 413, from Content-Length or chunked
-    padded = chat("beta", pad="")
-    at_limit = chat("beta", pad="x" * (MAX_BODY - len(padded)))
+    padded = chat_bytes("beta", pad="")
+    at_limit = chat_bytes("beta", pad="x" * (MAX_BODY - len(padded)))
     assert len(at_limit) == MAX_BODY
     assert model_gateway.call("POST", "/v1/chat/completions", at_limit)[0] == 200
     over = at_limit[:-1] + b' }'
@@ -447,7 +448,7 @@ def test_unknown_model_missing_model_and_a_body_too_large_are_refused_in_vllms_s
 
 def test_the_key_and_the_allowlist_come_before_any_model_check(model_gateway: Gateway,
                                                                model_backends: dict[str, NamedBackend]) -> None:
-    for body in (chat("alpha"), chat("nope"), b"not json"):
+    for body in (chat_bytes("alpha"), chat_bytes("nope"), b"not json"):
         for key in (None, "wrong-key"):
             status, headers, _ = model_gateway.call("POST", "/v1/chat/completions", body, key=key)
             assert status == 401 and headers.get("www-authenticate") == "Bearer", (body[:40], key, status)
@@ -463,11 +464,11 @@ def test_a_conversation_stays_on_one_replica_of_its_model(model_gateway: Gateway
     seen: dict[str, set[str]] = {}
     for i in range(12):
         for _ in range(3):
-            status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat("alpha"),
+            status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat_bytes("alpha"),
                                                  headers={"X-Session-Id": f"conversation-{i}"})
             assert status == 200
             seen.setdefault(f"conversation-{i}", set()).add(json.loads(data)["server"])
-        status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat("beta"),
+        status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat_bytes("beta"),
                                              headers={"X-Session-Id": f"conversation-{i}"})
         assert json.loads(data)["server"] == "beta-1"
     assert all(len(servers) == 1 for servers in seen.values()), seen
@@ -479,14 +480,14 @@ def test_a_full_queue_of_one_model_answers_429_while_the_other_model_serves(mode
     queued) and the others are told at once to come back; alpha answers meanwhile."""
     def slow_beta(_: int) -> tuple[int, str | None, float]:
         started = time.monotonic()
-        status, headers, _ = model_gateway.call("POST", "/v1/chat/completions", chat("beta", sleep=3.0))
+        status, headers, _ = model_gateway.call("POST", "/v1/chat/completions", chat_bytes("beta", sleep=3.0))
         return status, headers.get("retry-after"), time.monotonic() - started
 
     with ThreadPoolExecutor(5) as pool:
         flood = pool.map(slow_beta, range(5))
         time.sleep(1.0)
         alpha_started = time.monotonic()
-        alpha = model_gateway.call("POST", "/v1/chat/completions", chat("alpha"))
+        alpha = model_gateway.call("POST", "/v1/chat/completions", chat_bytes("alpha"))
         alpha_took = time.monotonic() - alpha_started
         answers = list(flood)
     assert alpha[0] == 200 and alpha_took < 2.0, (alpha, alpha_took)
@@ -505,7 +506,7 @@ def test_a_drain_where_the_server_is_checked_takes_it_out_of_all_its_models(mode
     for backend in ("model_alpha", "model_alpha_affinity", "model_alpha-lora", "model_alpha-lora_affinity"):
         assert model_gateway.status(backend, "alpha-1") == "DRAIN", backend
     for model in ("alpha", "alpha-lora") * 3:
-        status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat(model),
+        status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat_bytes(model),
                                              headers={"X-Session-Id": f"s-{model}"})
         assert status == 200 and json.loads(data)["server"] == "alpha-2", (model, data)
     model_gateway.runtime("set server model_alpha/alpha-1 state ready")
