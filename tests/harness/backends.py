@@ -1,8 +1,8 @@
 """Stand-ins for vLLM servers on loopback. For the gateway's routing tests, NamedBackend: each answers
 `GET /health` and any POST with its own name, after the pause the request's JSON body asks for (`"sleep": seconds`),
 as server-sent events when the body asks for `"stream": true` (three events `"gap"` seconds apart, then [DONE]),
-and counts what it served and the models it was asked for; real HAProxy routes to them. For the LoRA sync, FakeVllm: vLLM's model list and runtime
-load/unload API. Nothing leaves the machine."""
+and counts what it served and the models it was asked for; real HAProxy routes to them. For the LoRA sync,
+FakeVllm: vLLM's model list and runtime load/unload API. Nothing leaves the machine."""
 from __future__ import annotations
 
 import json

@@ -105,8 +105,9 @@ class Gateway:
         conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.context, timeout=30)
         try:
             conn.putrequest("POST", "/v1/chat/completions")
-            for name, value in {"Content-Type": "application/json", "Content-Length": str(length),
-                                "Expect": "100-continue", **({"Authorization": f"Bearer {key}"} if key else {})}.items():
+            head = {"Content-Type": "application/json", "Content-Length": str(length), "Expect": "100-continue",
+                    **({"Authorization": f"Bearer {key}"} if key else {})}
+            for name, value in head.items():
                 conn.putheader(name, value)
             conn.endheaders()
             resp = conn.getresponse()
@@ -413,11 +414,12 @@ def test_models_lists_every_model_the_gateway_serves(model_gateway: Gateway,
 
 def test_unknown_model_missing_model_and_a_body_too_large_are_refused_in_vllms_shape(
         model_gateway: Gateway, model_backends: dict[str, NamedBackend]) -> None:
-    error = error_of(*[model_gateway.call("POST", "/v1/chat/completions", chat_bytes('gpt-"4o'))[i] for i in (0, 2)], 404)
+    status, _, data = model_gateway.call("POST", "/v1/chat/completions", chat_bytes('gpt-"4o'))
+    error = error_of(status, data, 404)
     assert error == {"message": 'The model `gpt-"4o` does not exist. Valid aliases: alpha, alpha-lora, beta.',
                      "type": "NotFoundError", "param": "model", "code": 404}
-    for body in (b"not json", b'{"messages": []}', chat_bytes(None), chat_bytes(""), chat_bytes(["alpha"]), chat_bytes({"id": "alpha"}),
-                 b'{"model": ', b'[{"model": "alpha"}]'):
+    for body in (b"not json", b'{"messages": []}', chat_bytes(None), chat_bytes(""), chat_bytes(["alpha"]),
+                 chat_bytes({"id": "alpha"}), b'{"model": ', b'[{"model": "alpha"}]'):
         status, _, data = model_gateway.call("POST", "/v1/completions", body)
         error = error_of(status, data, 400)
         assert error["type"] == "BadRequestError" and "alpha, alpha-lora, beta" in error["message"], body
