@@ -256,7 +256,11 @@ def test_without_a_key_the_least_busy_replica_serves(gateway: Gateway) -> None:
 
 def test_a_drained_replica_hands_its_keys_over_and_gets_them_back(gateway: Gateway) -> None:
     keys = [f"conversation-{i}" for i in range(16)]
-    before = {key: gateway.post({}, session=key)[1] for key in keys}
+    def quiet_post(key: str) -> str | None:   # bounded load counts sessions HAProxy has not closed yet
+        wait_until_quiet(gateway)
+        return gateway.post({}, session=key)[1]
+
+    before = {key: quiet_post(key) for key in keys}
     moved = [key for key, server in before.items() if server == "replica-a"]
     assert moved, before
     gateway.runtime("set server vllm/replica-a state drain")   # what roles/rollout's drain sends
@@ -264,7 +268,7 @@ def test_a_drained_replica_hands_its_keys_over_and_gets_them_back(gateway: Gatew
     during = {key: gateway.post({}, session=key)[1] for key in keys}
     assert set(during.values()) == {"replica-b"}, during
     gateway.runtime("set server vllm/replica-a state ready")
-    after = {key: gateway.post({}, session=key)[1] for key in keys}
+    after = {key: quiet_post(key) for key in keys}
     assert after == before
 
 
@@ -482,9 +486,10 @@ def test_a_conversation_stays_on_one_replica_of_its_model(model_gateway: Gateway
 
 
 def test_a_full_queue_of_one_model_answers_429_while_the_other_model_serves(model_gateway: Gateway) -> None:
-    """beta: one server, one request at once, a queue of one: of 5 slow requests at once, 2 are taken (running and
-    queued) and the others are told at once to come back; alpha answers meanwhile."""
-    def slow_beta(_: int) -> tuple[int, str | None, float]:
+    """beta: one server, one request at once, a queue of one: of 5 slow requests at once, one runs, one (two when
+    HAProxy's threads admit them together) waits, and the others are told at once to come back; alpha answers
+    meanwhile."""
+    def slow_beta(index: int) -> tuple[int, str | None, float]:
         started = time.monotonic()
         status, headers, _ = model_gateway.call("POST", "/v1/chat/completions", chat_bytes("beta", sleep=3.0))
         return status, headers.get("retry-after"), time.monotonic() - started
