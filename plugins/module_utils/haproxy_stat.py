@@ -24,8 +24,9 @@ def _int(value: str | None) -> int | None:
 
 
 def parse_show_stat(text: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """backend -> server -> {status, weight, scur, stot, admin_drain, admin_maint} from `show stat` output
-    (scur: sessions now; stot: sessions so far).
+    """backend -> server -> {status, weight, scur, stot, admin_drain, admin_maint, tracked} from `show stat` output
+    (scur: sessions now; stot: sessions so far; tracked: the backend/server whose state it follows, "" for one
+    checked on its own).
 
     admin_drain / admin_maint are read from the status text: HAProxy prints DRAIN (or "DRAIN (agent)") for a
     server in drain mode and MAINT for one in maintenance. Raises ValueError when the text has no CSV header.
@@ -48,6 +49,7 @@ def parse_show_stat(text: str) -> dict[str, dict[str, dict[str, Any]]]:
             "stot": _int(row.get("stot")),
             "admin_drain": status.startswith("DRAIN"),
             "admin_maint": status.startswith("MAINT"),
+            "tracked": (row.get("tracked") or "").strip(),
         }
     return out
 
@@ -56,3 +58,11 @@ def missing_servers(servers: dict[str, dict[str, dict[str, Any]]], backend: str,
     """The names of `wanted` that are not servers of `backend` (all of them when the backend is unknown)."""
     known = servers.get(backend) or {}
     return [name for name in wanted if name not in known]
+
+
+def holding_backends(servers: dict[str, dict[str, dict[str, Any]]], wanted: list[str]) -> list[str]:
+    """The backends that hold a server of `wanted` as one of their own (not tracking another's state), sorted: where
+    a drain or enable of that server acts. The gateway's affinity pools, and a model pool whose server is checked in
+    another model's pool, track it and follow."""
+    return sorted(backend for backend, members in servers.items()
+                  if any(name in members and not members[name]["tracked"] for name in wanted))

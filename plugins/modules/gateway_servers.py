@@ -9,8 +9,9 @@ short_description: Read the servers of HAProxy's backends from its runtime API s
 description:
   - Sends C(show stat) to HAProxy's runtime API (a UNIX socket, e.g. the gateway role's
     C(/run/haproxy/gateway.sock)) and returns backend -> server -> status, weight and current sessions.
-  - With O(servers), fails naming the ones that are not servers of O(backend); playbooks/rollout.yml uses it to
-    refuse a node the gateway does not know before anything is drained.
+  - With O(servers), fails naming the ones that are not servers of O(backend) (with O(backend) empty: of any
+    backend, as a server of its own); playbooks/rollout.yml uses it to refuse a node the gateway does not know
+    before anything is drained, and drains and enables it in every backend of RV(holding).
   - Changes nothing.
 options:
   socket:
@@ -18,11 +19,14 @@ options:
     type: path
     required: true
   backend:
-    description: The backend whose servers are checked against O(servers); "" checks nothing.
+    description: >-
+      The backend whose servers are checked against O(servers); "" = every backend that holds them as servers of
+      their own (not tracking another server: the gateway's affinity pools, a model pool whose server is checked in
+      another model's pool).
     type: str
     default: ""
   servers:
-    description: Server names that must be in O(backend).
+    description: Server names that must be in O(backend) (with O(backend) "", in some backend).
     type: list
     elements: str
     default: []
@@ -54,6 +58,13 @@ missing:
   description: The names of O(servers) that O(backend) does not have (the task fails when any).
   returned: always
   type: list
+holding:
+  description: >-
+    Where a drain or enable of O(servers) acts: [O(backend)] when given, else every backend that holds one of them as
+    a server of its own, sorted (the gateway's C(vllm), or each model pool whose server is checked there).
+  returned: success
+  type: list
+  elements: str
 """
 
 import os
@@ -63,7 +74,11 @@ from typing import Any
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import missing_servers, parse_show_stat
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import (
+    holding_backends,
+    missing_servers,
+    parse_show_stat,
+)
 
 
 def ask(path: str, command: str, timeout: int) -> str:
@@ -101,15 +116,23 @@ def main() -> None:
         backends: dict[str, Any] = parse_show_stat(ask(path, "show stat", module.params["timeout"]))
     except (OSError, ValueError) as err:
         module.fail_json(msg=f"HAProxy's runtime API at {path} did not answer `show stat`: {err}", missing=wanted)
-    missing = missing_servers(backends, backend, wanted) if backend else []
+    if backend:
+        missing = missing_servers(backends, backend, wanted)
+        holding = [backend]
+        known = ", ".join(sorted(backends.get(backend) or {})) or "no such backend"
+        where = f"backend '{backend}' at {path} (it has {known}; "
+    else:
+        missing = [name for name in wanted if not holding_backends(backends, [name])]
+        holding = holding_backends(backends, wanted)
+        known = "; ".join(f"{name}: {', '.join(sorted(members))}" for name, members in sorted(backends.items()))
+        where = f"any backend at {path} (they have {known or 'none'}; "
     if missing:
         module.fail_json(
-            msg=f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a server of backend '{backend}' "
-                f"at {path} (it has {', '.join(sorted(backends.get(backend) or {})) or 'no such backend'}; "
+            msg=f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not a server of {where}"
                 f"backends: {', '.join(sorted(backends)) or 'none'}). List each node in the gateway's "
                 "gateway_backends under its inventory name, or set rollout_gateway_server.",
             backends=backends, missing=missing)
-    module.exit_json(changed=False, backends=backends, missing=missing)
+    module.exit_json(changed=False, backends=backends, missing=missing, holding=holding)
 
 
 if __name__ == "__main__":

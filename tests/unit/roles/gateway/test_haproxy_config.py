@@ -1,6 +1,7 @@
 """The gateway's haproxy.cfg (roles/gateway/templates/etc/haproxy/haproxy.cfg.j2) rendered as Ansible renders it: a
-backend with an agent_port gets HAProxy's agent-check on that port (the node's GPU watch), one without gets none, and
-the file passes `haproxy -c` where HAProxy is installed."""
+backend with an agent_port gets HAProxy's agent-check on that port (the node's GPU watch), one without gets none;
+backends with models get one pool per model, each server checked once; the file passes `haproxy -c` where HAProxy is
+installed."""
 from __future__ import annotations
 
 import re
@@ -13,6 +14,7 @@ import jinja2
 import pytest
 import yaml
 
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.gateway_routing import routing
 from repo_root import ROOT
 
 TEMPLATE = ROOT / "roles/gateway/templates/etc/haproxy/haproxy.cfg.j2"
@@ -26,7 +28,10 @@ def render(backends: list[dict[str, Any]], tmp_path: Path, **overrides: Any) -> 
     env.filters["comment"] = lambda text: "# " + str(text)
     values = {**DEFAULTS, "ansible_managed": "managed", "__gateway_backends": backends,
               "__gateway_pem_path": str(tmp_path / "gateway.pem"), "__gateway_keys_path": str(tmp_path / "keys"),
-              "__gateway_runtime_socket": str(tmp_path / "gateway.sock"), **overrides}
+              "__gateway_runtime_socket": str(tmp_path / "gateway.sock"),
+              "__gateway_models_map_path": str(tmp_path / "models.map"),
+              "__gateway_models_list_path": str(tmp_path / "models.json"), **overrides}
+    values["__gateway_routing"] = routing(backends, values["gateway_max_body_bytes"])
     return env.from_string(TEMPLATE.read_text()).render(**values)
 
 
@@ -62,15 +67,47 @@ def test_the_single_node_default_without_an_agent_gets_none(tmp_path: Path) -> N
     assert "agent-check" not in config.split("backend vllm", 1)[1].split("# A backend with an agent_port")[0]
 
 
+# Two nodes, the first with a LoRA adapter, a model served by both; 40 adapters more on the second and names HAProxy
+# must quote (the 404's list of names is one long argument).
+MODELS = [{**FLEET[0], "models": ["llama", "llama-sql"]},
+          {**FLEET[1], "models": ["org/qwen", "llama"]},
+          {**FLEET[2], "models": ['we"ird$HOME%d'] + [f"adapter-{i:02d}" for i in range(40)]}]
+
+
+def test_backends_with_models_get_a_pool_per_model_each_server_checked_once(tmp_path: Path) -> None:
+    config = render(MODELS[:2], tmp_path, gateway_max_body_bytes=2 ** 20)
+    assert "backend vllm\n" not in config and "default_backend" not in config
+    assert server_lines(config, "model_llama") == [
+        "server fleet-node1 10.212.12.11:8000 agent-check agent-port 8021 agent-inter 2s",
+        "server fleet-node2 10.212.12.12:8000 no-check track model_org_qwen/fleet-node2",
+    ]
+    assert server_lines(config, "model_llama-sql") == [
+        "server fleet-node1 10.212.12.11:8000 no-check track model_llama/fleet-node1"]
+    assert server_lines(config, "model_org_qwen") == [
+        "server fleet-node2 10.212.12.12:8000 agent-check agent-port 8021 agent-inter 2s"]
+    assert server_lines(config, "model_llama_affinity") == [
+        "server fleet-node1 10.212.12.11:8000 track model_llama/fleet-node1",
+        "server fleet-node2 10.212.12.12:8000 track model_llama/fleet-node2",
+    ]
+    # the whole body fits HAProxy's buffer, with 64 KiB for the head; each pool has its admission and health lines
+    assert f"tune.bufsize {2 ** 20 + 65536}\n" in config
+    assert "{ queue(model_org_qwen_affinity) ge 128 }" in config and "{ nbsrv(model_llama-sql) gt 0 }" in config
+    assert "use_backend %[var(txn.pool)]\n" in config
+
+
 @pytest.mark.skipif(shutil.which("haproxy") is None or shutil.which("openssl") is None,
                     reason="needs haproxy and openssl")
-def test_haproxy_accepts_the_rendered_file(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backends", [FLEET, MODELS], ids=["one pool", "pools per model"])
+def test_haproxy_accepts_the_rendered_file(tmp_path: Path, backends: list[dict[str, Any]]) -> None:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gateway", "-days", "1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
     (tmp_path / "gateway.pem").write_text(cert.read_text() + key.read_text())
     (tmp_path / "keys").write_text("sk-test\n")
+    (tmp_path / "models.map").write_text(routing(backends, 1024)["map"])
+    (tmp_path / "models.json").write_text('{"object":"list","data":[]}\n')
     config = tmp_path / "haproxy.cfg"
-    config.write_text(render(FLEET, tmp_path, gateway_listen_address="127.0.0.1", gateway_port=18443))
+    config.write_text(render(backends, tmp_path, gateway_listen_address="127.0.0.1", gateway_port=18443))
     proc = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "WARNING" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -7,7 +7,11 @@ import pytest
 import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.filter.vllm_metric_sum import vllm_metric_sum
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import missing_servers, parse_show_stat
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import (
+    holding_backends,
+    missing_servers,
+    parse_show_stat,
+)
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import sample_sum
 from repo_root import ROOT
 
@@ -39,8 +43,33 @@ def test_show_stat_gives_each_backend_server_with_state_weight_and_sessions():
     servers = parse_show_stat(SHOW_STAT)
     assert set(servers) == {"vllm"}, "the FRONTEND and BACKEND pseudo-rows are not servers"
     assert servers["vllm"]["fleet-node1"] == {"status": "DRAIN", "weight": 0, "scur": 1, "stot": 60,
-                                              "admin_drain": True, "admin_maint": False}
+                                              "admin_drain": True, "admin_maint": False, "tracked": ""}
     assert servers["vllm"]["fleet-node2"]["status"] == "DOWN" and not servers["vllm"]["fleet-node2"]["admin_drain"]
+
+
+# HAProxy 2.6's `show stat` (columns shortened, `tracked` kept) for the gateway with pools per model: node1 serves
+# llama and llama-sql (checked in model_llama), node2 serves qwen and llama (checked in model_qwen).
+MODEL_POOLS_STAT = """# pxname,svname,scur,stot,status,weight,tracked
+model_llama,node1,0,5,UP,1,
+model_llama,node2,0,5,UP,1,model_qwen/node2
+model_llama,BACKEND,0,10,UP,2,
+model_llama_affinity,node1,0,0,UP,100,model_llama/node1
+model_llama_affinity,node2,0,0,UP,100,model_llama/node2
+model_llama-sql,node1,0,1,UP,1,model_llama/node1
+model_qwen,node2,0,3,UP,1,
+model_qwen_affinity,node2,0,0,UP,100,model_qwen/node2
+"""
+
+
+def test_a_server_is_drained_where_it_is_checked_and_followed_elsewhere():
+    servers = parse_show_stat(MODEL_POOLS_STAT)
+    assert servers["model_llama"]["node2"]["tracked"] == "model_qwen/node2"
+    assert holding_backends(servers, ["node1"]) == ["model_llama"]
+    assert holding_backends(servers, ["node2"]) == ["model_qwen"]
+    assert holding_backends(servers, ["node1", "node2"]) == ["model_llama", "model_qwen"]
+    assert holding_backends(servers, ["node3"]) == []
+    # the single pool: `vllm` (its affinity twin tracks it); the show stat of the other tests has no tracked column
+    assert holding_backends(parse_show_stat(SHOW_STAT), ["fleet-node2"]) == ["vllm"]
 
 
 def test_missing_servers_names_what_the_backend_lacks():
