@@ -113,7 +113,7 @@ def test_a_rerun_changes_nothing(host, switched):
 def test_a_flag_change_restarts_only_its_instance_while_the_other_serves(host, switched, gateway, key):
     chat_before, mla_before = unit.witness(host, "vllm-chat"), unit.witness(host, "vllm-mla")
     loop = ClientLoop(lambda _kind, stream: gateway.chat_once(key, MLA_MODEL, stream), 20000, 900,
-                      [Client("mla", think=0.2), Client("mla", think=0.2, delay=0.1)])
+                      [Client("mla", think=0.5)])   # one client: the 2-core CI machine runs the converge beside it
     loop.start()
     run = site("instances-flag-change", [dict(CHAT, max_model_len=2048), MLA])
     counts = loop.stop()
