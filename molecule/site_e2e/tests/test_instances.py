@@ -33,7 +33,7 @@ record = Figures(ARTIFACTS / "site_e2e-measurements.json").record
 testinfra_hosts = [f"ansible://{HOST}"]
 
 
-def site(name: str, instances: list[dict[str, Any]] | None) -> playbook.Run:
+def site_with(name: str, instances: list[dict[str, Any]] | None) -> playbook.Run:
     """site.yml with these instances (None: the inventory's one model), the run's seconds recorded."""
     extra: dict[str, Any] = dict(NO_BENCHMARK)
     if instances is not None:
@@ -74,7 +74,7 @@ def key(host) -> str:
 @pytest.fixture(scope="module")
 def switched(host) -> Iterator[playbook.Run]:
     """The node switched from its one model to the two instances."""
-    run = site("instances", [CHAT, MLA])
+    run = site_with("instances", [CHAT, MLA])
     assert run.rc == 0, run.output[-4000:]
     yield run
 
@@ -104,7 +104,7 @@ def test_two_instances_serve_behind_one_gateway_and_vllm_service_is_gone(host, s
 
 def test_a_rerun_changes_nothing(host, switched):
     before = {name: unit.show(host, name, PROCESS) for name in ("vllm-chat", "vllm-mla")}
-    run = site("instances-rerun", [CHAT, MLA])
+    run = site_with("instances-rerun", [CHAT, MLA])
     assert run.rc == 0, run.output[-4000:]
     assert playbook.recap(run.output, HOST)["changed"] == 0, playbook.changed_tasks(run.output)
     assert {name: unit.show(host, name, PROCESS) for name in before} == before
@@ -115,7 +115,7 @@ def test_a_flag_change_restarts_only_its_instance_while_the_other_serves(host, s
     loop = ClientLoop(lambda _kind, stream: gateway.chat_once(key, MLA_MODEL, stream), 20000, 900,
                       [Client("mla", think=0.5)])   # one client: the 2-core CI machine runs the converge beside it
     loop.start()
-    run = site("instances-flag-change", [dict(CHAT, max_model_len=2048), MLA])
+    run = site_with("instances-flag-change", [dict(CHAT, max_model_len=2048), MLA])
     counts = loop.stop()
     assert run.rc == 0, run.output[-4000:]
     record("instances_flag_change_mla_requests", {"sent": counts["sent"], "failed": counts["failed"]})
@@ -130,7 +130,7 @@ def test_a_flag_change_restarts_only_its_instance_while_the_other_serves(host, s
 
 def test_a_removed_instance_is_stopped_and_removed_and_the_other_keeps_serving(host, switched, gateway, key):
     chat_before = unit.show(host, "vllm-chat", PROCESS)
-    run = site("instances-remove-mla", [dict(CHAT, max_model_len=2048)])
+    run = site_with("instances-remove-mla", [dict(CHAT, max_model_len=2048)])
     assert run.rc == 0, run.output[-4000:]
     assert unit.show(host, "vllm-mla", ("LoadState",))["LoadState"] == "not-found"
     assert not any(host.file(path).exists for path in files_of("vllm-mla"))
@@ -142,7 +142,7 @@ def test_a_removed_instance_is_stopped_and_removed_and_the_other_keeps_serving(h
 
 
 def test_back_to_one_model_removes_the_instances_units(host, switched, gateway, key):
-    run = site("instances-back-to-one", None)
+    run = site_with("instances-back-to-one", None)
     assert run.rc == 0, run.output[-4000:]
     assert unit.show(host, "vllm", ("ActiveState",))["ActiveState"] == "active"
     assert unit.show(host, "vllm-chat", ("LoadState",))["LoadState"] == "not-found"
