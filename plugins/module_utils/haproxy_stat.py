@@ -66,3 +66,10 @@ def holding_backends(servers: dict[str, dict[str, dict[str, Any]]], wanted: list
     another model's pool, track it and follow."""
     return sorted(backend for backend, members in servers.items()
                   if any(name in members and not members[name]["tracked"] for name in wanted))
+
+
+def drained_servers(servers: dict[str, dict[str, dict[str, Any]]], backend: str, wanted: list[str]) -> list[str]:
+    """The names of `wanted` that `backend` holds in drain mode (set through the runtime API: HAProxy sends them no
+    new request until they are enabled again)."""
+    known = servers.get(backend) or {}
+    return [name for name in wanted if (known.get(name) or {}).get("admin_drain")]

@@ -103,3 +103,13 @@ def sample_sum(text: str, name: str) -> float | None:
             raise ValueError(f"not a number in {line[:120]!r}") from None
         seen = True
     return total if seen else None
+
+
+def prefix_cache(text: str) -> dict[str, float | None]:
+    """vLLM's prefix cache since the process started, from a /metrics scrape: the prompt tokens looked up
+    (`vllm:prefix_cache_queries_total`), those found cached (`vllm:prefix_cache_hits_total`), summed over engines and
+    models, and their ratio (None before any query, or when this vLLM exposes neither counter)."""
+    queries = sample_sum(text, "vllm:prefix_cache_queries_total")
+    hits = sample_sum(text, "vllm:prefix_cache_hits_total")
+    rate = round(hits / queries, 4) if queries and hits is not None else None
+    return {"queries": queries, "hits": hits, "hit_rate": rate}

@@ -9,7 +9,7 @@ short_description: Read the servers of HAProxy's backends from its runtime API s
 description:
   - Sends C(show stat) to HAProxy's runtime API (a UNIX socket, e.g. the gateway role's
     C(/run/haproxy/gateway.sock)) and returns backend -> server -> status, weight and current sessions.
-  - With O(servers), fails naming the ones that are not servers of O(backend) (with O(backend) empty: of any
+  - With O(servers), fails naming the ones that are not servers of O(backend) (with O(backend) empty, of any
     backend, as a server of its own); playbooks/rollout.yml uses it to refuse a node the gateway does not know
     before anything is drained, and drains and enables it in every backend of RV(holding).
   - Changes nothing.
@@ -65,6 +65,11 @@ holding:
   returned: success
   type: list
   elements: str
+drained:
+  description: The names of O(servers) that O(backend) (with O(backend) "", a backend of RV(holding)) holds in drain
+    mode (set through the runtime API, e.g. a node an earlier rollout left out).
+  returned: success
+  type: list
 """
 
 import os
@@ -75,6 +80,7 @@ from typing import Any
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import (
+    drained_servers,
     holding_backends,
     missing_servers,
     parse_show_stat,
@@ -132,7 +138,8 @@ def main() -> None:
                 f"backends: {', '.join(sorted(backends)) or 'none'}). List each node in the gateway's "
                 "gateway_backends under its inventory name, or set rollout_gateway_server.",
             backends=backends, missing=missing)
-    module.exit_json(changed=False, backends=backends, missing=missing, holding=holding)
+    drained = [name for name in wanted if any(drained_servers(backends, held, [name]) for held in holding)]
+    module.exit_json(changed=False, backends=backends, missing=missing, holding=holding, drained=drained)
 
 
 if __name__ == "__main__":

@@ -115,7 +115,8 @@ report:
   description:
     - The whole report, as written to C(artifacts/inference-check-<host>.json) by the inference_check role.
     - Keys C(host), C(time), C(url), C(served_model_name), C(plan), C(health), C(models), C(unauthenticated_status),
-      C(chat), C(stream), C(startup), C(unit), C(plan_vs_actual), C(metrics_kv), C(failures), C(summary).
+      C(chat), C(stream), C(startup), C(unit), C(plan_vs_actual), C(metrics_kv), C(prefix_cache) (C(queries),
+      C(hits), C(hit_rate) since the start), C(failures), C(summary).
   returned: success
   type: dict
 stream:
@@ -156,7 +157,7 @@ from ansible.module_utils.urls import open_url
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import startup_phases, systemd
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_log import parse_startup
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import kv_from_metrics
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import kv_from_metrics, prefix_cache
 
 UNIT_PROPERTIES = ("InvocationID", "InactiveExitTimestamp", "ActiveEnterTimestamp", "MainPID", "NRestarts")
 SHORT_TIMEOUT = 30
@@ -445,6 +446,14 @@ def adapters_summary(observed: dict) -> list[str]:
     return [line + (f"; not loaded yet (check mode): {', '.join(not_asked)}" if not_asked else "")]
 
 
+def prefix_cache_line(cache: dict) -> str:
+    """The report's line for the prefix cache (vllm_metrics.prefix_cache)."""
+    if cache.get("hit_rate") is None:
+        return "prefix cache: no lookup yet (or not exposed)"
+    return (f"prefix cache: {cache['hit_rate'] * 100:.1f} % of {int(cache['queries']):,} prompt tokens found cached "
+            "since the start")
+
+
 def _or_unknown(value: Any) -> Any:
     """'?' for a number that is not known, for the one-line summary."""
     return "?" if value is None else value
@@ -550,6 +559,9 @@ def main() -> None:
     report = build_report(p["host"], datetime.now(UTC).isoformat(), url, p["model"], p["plan"], observed,
                           startup, unit, pva, failures)
     report["metrics_kv"] = metrics
+    # the replica's prefix-cache hit rate since its start (a gateway without affinity spreads conversations: lower)
+    report["prefix_cache"] = prefix_cache(scrape["text"]) if scrape["status"] == 200 else {}
+    report["summary"].insert(-1, prefix_cache_line(report["prefix_cache"]))
     module.exit_json(
         changed=False, passed=not failures, failures=failures, report=report, stream=observed["stream"],
         startup=startup, plan_vs_actual=pva, unit=unit,

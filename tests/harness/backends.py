@@ -1,7 +1,8 @@
 """Stand-ins for vLLM servers on loopback. For the gateway's routing tests, NamedBackend: each answers
 `GET /health` and any POST with its own name, after the pause the request's JSON body asks for (`"sleep": seconds`),
-and counts what it served; real HAProxy routes to them. For the LoRA sync, FakeVllm: vLLM's model list and runtime
-load/unload API. Nothing leaves the machine."""
+as server-sent events when the body asks for `"stream": true` (three events `"gap"` seconds apart, then [DONE]),
+and counts what it served and the models it was asked for; real HAProxy routes to them. For the LoRA sync,
+FakeVllm: vLLM's model list and runtime load/unload API. Nothing leaves the machine."""
 from __future__ import annotations
 
 import json
@@ -62,6 +63,7 @@ class NamedBackend(LoopbackServer):
         super().__init__(port)
         self.name = name
         self.served = 0
+        self.models: list[Any] = []   # each POST's `model`, in order
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         """The request handler class bound to this backend."""
@@ -84,13 +86,42 @@ class NamedBackend(LoopbackServer):
             def do_GET(self) -> None:   # noqa: N802 (http.server's name)
                 self.answer()
 
+            def stream(self, gap: float) -> None:
+                """Three events `gap` seconds apart and [DONE], chunked, as vLLM streams a completion."""
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                events = [f"data: {json.dumps({'server': backend.name, 'event': i})}\n\n" for i in range(3)]
+                for i, event in enumerate(events + ["data: [DONE]\n\n"]):
+                    if i:
+                        time.sleep(gap)
+                    data = event.encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+            def body(self) -> bytes:
+                """The request body, sent with a Content-Length or chunked."""
+                if "chunked" not in (self.headers.get("Transfer-Encoding") or "").lower():
+                    return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                data = b""
+                while size := int(self.rfile.readline().split(b";")[0], 16):
+                    data += self.rfile.read(size)
+                    self.rfile.readline()
+                self.rfile.readline()
+                return data
+
             def do_POST(self) -> None:   # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                request = json.loads(self.rfile.read(length) or b"{}")
+                request = json.loads(self.body() or b"{}")
                 time.sleep(float(request.get("sleep", 0)))
                 with backend.lock:
                     backend.served += 1
-                self.answer()
+                    backend.models.append(request.get("model"))
+                if request.get("stream"):
+                    self.stream(float(request.get("gap", 0)))
+                else:
+                    self.answer()
 
         return Handler
 

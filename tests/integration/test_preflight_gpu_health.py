@@ -8,56 +8,21 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from harness import playbook
+from harness import gpu_node, playbook
 
-ROOT = Path(__file__).resolve().parents[2]
-GPU_NODE = ROOT / "tests" / "fixtures" / "gpu_node"
-HEALTH = ROOT / "tests" / "fixtures" / "gpu_health"
-PLAYBOOK = ROOT / "tests" / "integration" / "playbooks" / "gpu_health_gate.yml"
-TEST_MODELS = yaml.safe_load((ROOT / "tests/fixtures/catalog/models.yml").read_text())["vllm_node_extra_models"]
-# The fixtures' two GPUs per card (tests/fixtures/gpu_health/make_fixtures.py): name, PCI id, MiB, cc, serial base.
-CARDS = {
-    "h100": ("NVIDIA H100 80GB HBM3", "10de:2330", 81559, "9.0", 1654723000000),
-    "h200": ("NVIDIA H200", "10de:2335", 143771, "9.0", 1655024000000),
-    "b200": ("NVIDIA B200", "10de:2901", 183359, "10.0", 1654924000000),
-    "rtx-pro-6000": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "10de:2bb5", 97887, "12.0", 1792525000000),
-}
-
-
-def node_data(card: str, smi_xml: str, kernel_log: str) -> dict[str, Any]:
-    """The simulated node's data file: the card's two GPUs as the fixture XML has them."""
-    name, device, mib, cc, serial = CARDS[card]
-    gpus = [{"index": i, "name": name, "memory_total_mib": mib, "memory_used_mib": 0, "compute_cap": cc,
-             "pci_bus_id": bus, "pci_device_id": device, "uuid": f"GPU-00000000-0000-0000-0000-00000000000{i}",
-             "serial": str(serial + i)} for i, bus in enumerate(("0000:18:00.0", "0000:28:00.0"))]
-    return {"driver_version": "580.95.05", "cuda_version": "13.0", "kernel_module": "open", "driver_loaded": True,
-            "gpus": gpus, "smi_xml": smi_xml, "kernel_log": kernel_log}
+PLAYBOOK = Path(__file__).resolve().parent / "playbooks" / "gpu_health_gate.yml"
 
 
 def gate(tmp_path: Path, card: str, smi_xml: str, kernel_log: str = "kern-clean.log",
          **knobs: Any) -> tuple[int, str, Path]:
     """The playbook on the simulated node; (rc, output with whitespace folded, the marker's path)."""
-    for name in (smi_xml, kernel_log):
-        shutil.copy(HEALTH / name, tmp_path / name)
-    (tmp_path / "gpus.json").write_text(json.dumps(node_data(card, smi_xml, kernel_log)))
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "dmesg").symlink_to(GPU_NODE / "dmesg")
     marker = tmp_path / "first-change.json"
-    extra = {"fake_gpus": str(tmp_path / "gpus.json"), "fake_bin": str(fake_bin), "marker": str(marker),
-             "ansible_python_interpreter": str(Path(playbook.command()).with_name("python")),
-             "node_facts_nvidia_smi": str(GPU_NODE / "nvidia-smi"), "node_facts_lspci": str(GPU_NODE / "lspci"),
-             "node_facts_model_root": str(tmp_path / "models"),
-             "preflight_plan_file": "", "vllm_node_model": "tiny-llama",
-             "vllm_node_extra_models": TEST_MODELS, "vllm_node_max_model_len": 4096,
-             "vllm_node_gpu_health_kernel_log": "dmesg", **knobs}
+    extra = {**gpu_node.simulated(tmp_path, card, smi_xml, kernel_log), "marker": str(marker), **knobs}
     (tmp_path / "extra.json").write_text(json.dumps(extra))
     env = playbook.environment(ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false")
     rc, out, _ = playbook.run(PLAYBOOK, "-e", f"@{tmp_path / 'extra.json'}", inventory="gpu-node-01,", env=env,
@@ -85,7 +50,7 @@ def test_each_fault_is_refused_before_the_first_change(tmp_path: Path, card: str
                                                        code: str, reason: str, fix: str) -> None:
     rc, out, marker = gate(tmp_path, card, smi_xml, kernel_log)
     assert rc != 0, out[-3000:]
-    serial = CARDS[card][4] + 1
+    serial = gpu_node.CARDS[card][4] + 1
     message = re.search(r"GPU health check FAILED, refusing to continue: (.*?)\"", out)
     assert message, out[-3000:]
     text = message.group(1)

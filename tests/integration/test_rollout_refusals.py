@@ -73,5 +73,12 @@ def test_a_missing_runtime_socket_is_refused(tmp_path: Path) -> None:
 def test_a_node_the_gateway_does_not_know_is_refused(tmp_path: Path, stat_socket: str) -> None:
     rc, out = refused_rollout(tmp_path, rollout_gateway_socket=stat_socket)
     assert rc != 0
+    assert f"{NODE} is not a server of any backend" in out and "vllm: some-other-node" in out, out[-3000:]
+    assert_nothing_drained(out)
+
+
+def test_a_node_the_named_backend_does_not_hold_is_refused(tmp_path: Path, stat_socket: str) -> None:
+    rc, out = refused_rollout(tmp_path, rollout_gateway_socket=stat_socket, rollout_gateway_backend="vllm")
+    assert rc != 0
     assert f"{NODE} is not a server of backend 'vllm'" in out and "it has some-other-node" in out, out[-3000:]
     assert_nothing_drained(out)

@@ -55,6 +55,10 @@ def test_the_check_json_carries_the_benchmark_and_its_band_verdict(host):
     pva = checked["plan_vs_actual"]
     assert pva["kv_cache_tokens"]["source"] == "metrics" and pva["kv_cache_bytes"]["source"] == "journal"
     assert pva["kv_cache_blocks"]["actual"] == checked["metrics_kv"]["num_gpu_blocks"] > 0
+    # the replica's prefix cache as the check found it (vllm:prefix_cache_*_total): its own prompts were looked up
+    cache = checked["prefix_cache"]
+    assert cache["queries"] > 0 and 0 <= cache["hits"] <= cache["queries"], cache
+    assert any(line.startswith("prefix cache: ") for line in checked["summary"]), checked["summary"]
     record("benchmark", {"wall_seconds": bench["wall_seconds"], "reused_from": bench.get("reused_from"),
                          "levels": levels})
 

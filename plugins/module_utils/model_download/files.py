@@ -394,8 +394,10 @@ def download_failure(repo: str, commit: str, res: Mapping[str, Any], timeout: in
 def human(num: float) -> str:
     """Binary-prefixed size (GiB, MiB...)."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(num) < 1024 or unit == "TiB":
-            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.2f} {unit}"
+        # judged on the printed value: 1048571 B is 1023.996 KiB, which prints as 1024.00 KiB, i.e. 1.00 MiB
+        text = f"{num:.0f}" if unit == "B" else f"{num:.2f}"
+        if abs(float(text)) < 1024 or unit == "TiB":
+            return f"{text} {unit}"
         num /= 1024.0
     return f"{num:.2f} TiB"  # pragma: no cover - the loop returns at TiB
 

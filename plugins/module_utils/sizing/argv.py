@@ -218,11 +218,12 @@ def service_command(plan: dict[str, Any], inputs: ServiceInputs) -> dict[str, An
     command = {"argv": argv, "environment": _service_environment(plan, inputs), "start_timeout": timeout,
                "stop_timeout": inputs.shutdown_timeout + _TEARDOWN_SECONDS}
     digest = hashlib.sha256(json.dumps(command, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    # Where it listens, as the argv says it: the health URL is built from these (one source for --host/--port).
+    # Where it listens and what it reads, as the argv says it: the health URL is built from these (one source for
+    # --host/--port), the rollout warms the page cache from model_dir (--model).
     # The adapters served at start are outside the fingerprint: an adapter change is loaded at runtime, not by a
     # restart; the unit reads them from a file of their own (vllm_service) when it starts.
     return dict(command, fingerprint=digest, listen_address=inputs.listen_address, port=inputs.port,
-                lora_modules=lora_modules(plan))
+                model_dir=inputs.model_dir, lora_modules=lora_modules(plan))
 
 
 def lora_modules(plan: dict[str, Any]) -> list[str]:

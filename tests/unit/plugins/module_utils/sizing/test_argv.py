@@ -42,8 +42,9 @@ def test_cpu_demo_command_is_the_one_the_unit_ran(cpu_plan: dict[str, Any]) -> N
     # 819,840 bytes load in well under a second: vLLM's own 600 s for the engine, + 600 s of API-server imports.
     assert service["start_timeout"] == cpu_plan["startup"]["unit_start_timeout_seconds"] == 1200
     assert set(service) == {"argv", "environment", "start_timeout", "stop_timeout", "fingerprint", "listen_address",
-                            "port", "lora_modules"}
+                            "port", "model_dir", "lora_modules"}
     assert service["lora_modules"] == []
+    assert service["argv"][:2] == ["--model", service["model_dir"]], "model_dir is --model's value"
     assert (service["listen_address"], service["port"]) == ("0.0.0.0", 8000)
 
 
