@@ -7,6 +7,7 @@ Layout of a manifest (every key sorted when written):
 - `host`: what differs between two nodes built from the same inventory (names, machine-id, kernel, addresses,
   `generated_at`); left out of `manifest_sha256` and of comparisons;
 - `os`, `driver`, `vllm`, `model`, `config`, `service`, `plan`: what the inventory and the roles made of the node;
+- `instances` (only on a node serving several models): each instance's name, unit, port, model, repo, commit, GPUs;
 - `missing`: the dotted names of the fields whose fact was not published (their value is null, never guessed);
 - `manifest_sha256`: sha256 of the canonical JSON of everything but `host` and itself.
 Secret values never appear: the secrets passed in are replaced wherever they occur, and a string under a
@@ -110,6 +111,18 @@ def lora_adapters(downloaded: Any) -> list[dict[str, Any]]:
                   key=lambda adapter: str(adapter["name"]))
 
 
+INSTANCE_KEYS = ("name", "unit", "port", "model", "repo", "commit", "gpus", "served_model_name")
+
+
+def instances(served: Any) -> list[dict[str, Any]]:
+    """The instances a node serves (vllm_node_instances), by name: unit, port, model (catalog key), repo, commit,
+    GPUs (CUDA_VISIBLE_DEVICES, "" on the cpu device) and served name; [] on a single-model node, not a gap."""
+    if not isinstance(served, list):
+        return []
+    return sorted(({key: item.get(key) for key in INSTANCE_KEYS} for item in served if isinstance(item, Mapping)),
+                  key=lambda item: str(item["name"]))
+
+
 def build(facts: Mapping[str, Any], secrets: Iterable[str] = (), previous: Mapping[str, Any] | None = None,
           now: str = "") -> dict[str, Any]:
     """The manifest of a node from the facts the roles published (node_manifest_facts in the role).
@@ -122,7 +135,8 @@ def build(facts: Mapping[str, Any], secrets: Iterable[str] = (), previous: Mappi
     model.adapters when not empty), config_rules_applied,
     config_changes, config_files_sha256, config_texts (file name -> text, the kept originals as "<file>.orig"),
     service_name, fingerprint,
-    fingerprint_inputs, unit_sha256, env_sha256, plan.
+    fingerprint_inputs, unit_sha256, env_sha256, plan, instances (list: the instances served, `instances` when not
+    empty; model and service then describe the last one served).
     `previous` is the manifest the node holds: when its content hash equals the new one, its `generated_at` is kept
     (the file is then byte-for-byte the same and a rerun changes nothing); otherwise `now` is used.
     """
@@ -189,6 +203,9 @@ def build(facts: Mapping[str, Any], secrets: Iterable[str] = (), previous: Mappi
     content: dict[str, Any] = {"schema": SCHEMA, "os": os_section, "driver": driver, "vllm": vllm, "model": model,
                                "config": config, "service": service, "plan": plan_section,
                                "missing": sorted(missing)}
+    served = instances(facts.get("instances"))
+    if served:
+        content["instances"] = served
     secret_list = list(secrets or [])
     content = redact(content, secret_list)
     content["manifest_sha256"] = content_sha256(content)

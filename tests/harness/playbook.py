@@ -148,6 +148,16 @@ def statuses(output: str, task: str) -> list[str]:
     return [status for status, _ in task_results(output, task)]
 
 
+# vllm_service's one restart task (roles/vllm_service/tasks/start.yml), whatever unit it restarts.
+RESTART_TASK = "vllm_service : Restart vllm (the configuration changed; once)"
+
+
+def service_restarts(output: str) -> int:
+    """How many times a run restarted a vLLM unit: the "changed" results of vllm_service's restart task (one per
+    instance that changed, in a loop over vllm_node_instances)."""
+    return statuses(output, RESTART_TASK).count("changed")
+
+
 class LogFollower:
     """Reads a run's kept log while it is written (run() writes it as the playbook goes) and calls a rule's action
     on each new line its pattern matches (re.search), in order: a test acts on where a long run is (a task begins)

@@ -37,3 +37,13 @@ def converged_reruns() -> dict[str, dict[str, Any]]:
     # testinfra's `host` is per module; the same node, reached the same way, for the whole session
     host = project.machine(HOST)
     return {"rerun": _run(host, "rerun"), "check": _run(host, "check", "--check", "--diff")}
+
+
+# Modules that change what the node is (test_instances.py switches it to several models and back): after every
+# other module, which expects the node as converge.yml left it (with the single model's day-2 changes).
+LAST = ("test_instances.py",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the LAST modules after all the others, in their own order (a stable sort keeps the rest as collected)."""
+    items.sort(key=lambda item: item.path.name in LAST)

@@ -159,6 +159,13 @@ def test_changed_tasks_and_task_results():
     assert playbook.task_results(OUTPUT, "Restart vllm") == [], "handlers are not tasks"
 
 
+def test_service_restarts_counts_the_changed_results_of_the_restart_task():
+    block = (f"TASK [{playbook.RESTART_TASK}] ***\nchanged: [node1]\n\nTASK [{playbook.RESTART_TASK}] ***\n"
+             "skipping: [node1]\n\n")
+    assert playbook.service_restarts(OUTPUT) == 0, "the old handler is not the task"
+    assert playbook.service_restarts(block + block + OUTPUT) == 2
+
+
 def test_run_keeps_the_log_and_the_extra_vars(tmp_path: Path):
     play = tmp_path / "play.yml"
     play.write_text("- hosts: localhost\n  gather_facts: false\n  tasks:\n"

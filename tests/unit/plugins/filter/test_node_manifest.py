@@ -113,6 +113,24 @@ def test_lora_adapters_are_listed_by_name_with_their_hashes_and_none_is_not_a_ga
     assert build(facts(lora_adapters=[]))["manifest_sha256"] == build()["manifest_sha256"]
 
 
+def test_instances_are_listed_by_name_and_a_single_model_node_has_none() -> None:
+    served = [{"name": name, "unit": f"vllm-{name}", "port": port, "model": model, "repo": f"o/{model}",
+               "commit": "1" * 40, "gpus": "", "served_model_name": f"o/{model}", "url": "http://127.0.0.1",
+               "plan": {"big": "left out"}}
+              for name, port, model in (("mla", 8001, "tiny-deepseek-v3"), ("chat", 8000, "tiny-llama"))]
+    manifest = build(facts(instances=served))
+    assert [i["name"] for i in manifest["instances"]] == ["chat", "mla"]
+    assert manifest["instances"][0] == {"name": "chat", "unit": "vllm-chat", "port": 8000, "model": "tiny-llama",
+                                        "repo": "o/tiny-llama", "commit": "1" * 40, "gpus": "",
+                                        "served_model_name": "o/tiny-llama"}
+    assert manifest["missing"] == []
+    moved = copy.deepcopy(served)
+    moved[0]["port"] = 8002
+    assert build(facts(instances=moved))["manifest_sha256"] != manifest["manifest_sha256"]
+    assert "instances" not in build(facts(instances=[]))
+    assert build(facts(instances=[]))["manifest_sha256"] == build()["manifest_sha256"]
+
+
 def test_two_nodes_from_the_same_inventory_differ_only_in_host() -> None:
     other = facts(host={"inventory_hostname": "node-b", "hostname": "node-b", "machine_id": "fedcba9876543210",
                         "kernel_release": "6.8.0-47-generic", "kernel_version": "#47-Ubuntu SMP",
