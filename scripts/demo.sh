@@ -61,43 +61,61 @@ ansible-playbook -i inventories/demo/hosts.yml playbooks/site.yml
 t2=$(date +%s)
 
 key=$("$DOCKER" exec "$NODE" cat /etc/vllm/api-key)
-model=$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["served_model_name"])' "artifacts/plan-$NODE.json")
-url=$(python -c 'import json,sys; print(json.load(open(sys.argv[1])).get("url",""))' "artifacts/inference-check-$NODE.json")
-body='{"model": "'$model'", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}'
+# What the node serves, from the plan: one line per served model "name<TAB>loopback URL<TAB>check report" (several
+# with vllm_node_instances, each its own unit and port behind the one gateway).
+served=$(python - "$NODE" <<'PY'
+import json, sys
+node = sys.argv[1]
+plan = json.load(open(f"artifacts/plan-{node}.json"))
+rows = [(i["name"], i["served_model_name"], f"artifacts/instances/{i['name']}/inference-check-{node}.json")
+        for i in plan["instances"]] if plan.get("instances") else \
+       [("", plan["served_model_name"], f"artifacts/inference-check-{node}.json")]
+for name, model, report in rows:
+    url = json.load(open(report)).get("url", "")
+    print(f"{model}\t{url}\t{report}")
+PY
+)
+body() { printf '{"model": "%s", "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 32}' "$1"; }
 
 step "ready (site.yml $((t2 - t1)) s, demo total $((t2 - t0)) s)"
 if "$DOCKER" exec "$NODE" systemctl is-active --quiet haproxy; then
-  # The gateway (inventories/demo: vllm_node_gateway): TLS with the demo CA the play generated on this machine,
-  # the key checked at the proxy, only /v1/ forwarded. The certificate names the container's address.
   address=$("$DOCKER" container inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$NODE" | awk '{print $1}')
   cat <<EOT
 endpoint: https://$address (the gateway in the container $NODE: TLS, the API key, only the OpenAI API under /v1/;
-          vLLM itself listens on $url inside the container only)
+          it routes each request by its "model"; vLLM itself listens inside the container only:
+$(printf '%s\n' "$served" | awk -F'\t' '{printf "            %s on %s\n", $1, $2}'))
 API key:  in /etc/vllm/api-key on the node (mode 0600); the demo CA: $ROOT/artifacts/gateway-ca/ca.crt
 
 Try it:
+EOT
+  while IFS=$'\t' read -r model _url _report; do
+    cat <<EOT
   curl -s --cacert $ROOT/artifacts/gateway-ca/ca.crt https://$address/v1/chat/completions \\
     -H 'Authorization: Bearer $key' -H 'Content-Type: application/json' \\
-    -d '$body'
+    -d '$(body "$model")'
+EOT
+  done <<< "$served"
+  cat <<EOT
+  curl -s --cacert $ROOT/artifacts/gateway-ca/ca.crt https://$address/v1/models -H 'Authorization: Bearer $key'
   Without the key, or on any other path (/metrics, /invocations, /tokenize ...), the gateway answers 401 or 403.
 
 EOT
 else
-  cat <<EOT
-endpoint: $url  (inside the container $NODE; it listens on loopback only, as configured)
-API key:  in /etc/vllm/api-key on the node (mode 0600)
-
-Try it:
+  echo "API key:  in /etc/vllm/api-key on the node (mode 0600)"
+  echo
+  echo "Try it (inside the container $NODE; vLLM listens on loopback only, as configured):"
+  while IFS=$'\t' read -r model url _report; do
+    cat <<EOT
   $DOCKER exec $NODE curl -s $url/v1/chat/completions \\
     -H 'Authorization: Bearer $key' -H 'Content-Type: application/json' \\
-    -d '$body'
-
+    -d '$(body "$model")'
 EOT
+  done <<< "$served"
+  echo
 fi
-cat <<EOT
-Check report (artifacts/inference-check-$NODE.json):
-EOT
-python - "artifacts/inference-check-$NODE.json" <<'PY'
+while IFS=$'\t' read -r model _url report; do
+  echo "Check report of $model ($report):"
+  python - "$report" <<'PY'
 import json, sys
 report = json.load(open(sys.argv[1]))
 for line in report["summary"]:
@@ -105,6 +123,7 @@ for line in report["summary"]:
 for name, row in report["plan_vs_actual"].items():
     print(f"  plan vs vLLM {name}: planned {row['planned']}, vLLM {row['actual']}, relative {row['relative_difference']}")
 PY
+done <<< "$served"
 echo
 echo "Re-check any time: ansible-playbook -i inventories/demo/hosts.yml playbooks/verify.yml"
 echo "Remove the demo:   $DOCKER rm -f $NODE"
