@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import shlex
 import socket
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,34 @@ def runtime_command_on(host: Any, path: str, command: str) -> str:
     """One command to the runtime API socket at `path` on a testinfra host."""
     return str(host.check_output(f"python3 -c {shlex.quote(RUNTIME_CLIENT)} {shlex.quote(path)} "
                                  f"{shlex.quote(command)}"))
+
+
+@contextmanager
+def one_server(directory: Path, name: str, port: int, server_options: str = "") -> Iterator[Path]:
+    """This machine's HAProxy with backend `vllm` holding one server `name` (127.0.0.1:port, checked on GET /health,
+    `server_options` appended to its line), its runtime socket in `directory`; yields the socket once it answers."""
+    runtime = directory / "haproxy.sock"
+    config = directory / "haproxy.cfg"
+    config.write_text(f"""global
+    stats socket {runtime} mode 600 level admin
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 10s
+    timeout server 10s
+backend vllm
+    option httpchk GET /health
+    http-check expect status 200
+    default-server check inter 1s fall 3 rise 2
+    server {name} 127.0.0.1:{port} {server_options}
+""")
+    proc = subprocess.Popen(["haproxy", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        runtime_command(runtime, "show info")
+        yield runtime
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def servers(show_stat: str, backend: str) -> dict[str, dict[str, Any]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,33 +24,17 @@ pytestmark = pytest.mark.skipif(shutil.which("haproxy") is None, reason="needs h
 @pytest.fixture()
 def gateway(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """haproxy with one server (a /health stand-in) and its agent; (verdict file, runtime socket)."""
-    verdict, runtime = tmp_path / "verdict.json", tmp_path / "haproxy.sock"
+    verdict = tmp_path / "verdict.json"
     vllm = NamedBackend("node1")   # answers HAProxy's GET /health with 200
     vllm.start()
     # the node's agent: gpu_watch.py's reply for the verdict file, as its socket-activated unit answers
-    with AnsweringSocket(lambda: (gpu_watch.agent_reply(gpu_watch.read_document(str(verdict))) + "\n").encode()) \
-            as agent:
-        config = tmp_path / "haproxy.cfg"
-        config.write_text(f"""global
-    stats socket {runtime} mode 600 level admin
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 10s
-    timeout server 10s
-backend vllm
-    option httpchk GET /health
-    http-check expect status 200
-    default-server check inter 1s fall 3 rise 2
-    server node1 127.0.0.1:{vllm.port} agent-check agent-port {agent.address} agent-inter 1s
-""")
-        proc = subprocess.Popen(["haproxy", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        try:
+    try:
+        with AnsweringSocket(lambda: (gpu_watch.agent_reply(gpu_watch.read_document(str(verdict))) + "\n").encode()) \
+                as agent, haproxy.one_server(tmp_path, "node1", vllm.port,
+                                             f"agent-check agent-port {agent.address} agent-inter 1s") as runtime:
             yield verdict, runtime
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
-            vllm.stop()
+    finally:
+        vllm.stop()
 
 
 def status_becomes(runtime: Path, prefix: str, within: float = 20) -> str:

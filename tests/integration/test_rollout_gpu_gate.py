@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,29 +28,12 @@ NODE, GATEWAY = "rollout-node", "rollout-gateway"
 @pytest.fixture()
 def gateway(tmp_path: Path) -> Iterator[Path]:
     """HAProxy with the node as a server of backend vllm (a /health stand-in behind it); its runtime socket."""
-    runtime = tmp_path / "haproxy.sock"
     vllm = NamedBackend(NODE)
     vllm.start()
-    config = tmp_path / "haproxy.cfg"
-    config.write_text(f"""global
-    stats socket {runtime} mode 600 level admin
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 10s
-    timeout server 10s
-backend vllm
-    option httpchk GET /health
-    default-server check inter 1s fall 3 rise 2
-    server {NODE} 127.0.0.1:{vllm.port}
-""")
-    proc = subprocess.Popen(["haproxy", "-f", str(config)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        haproxy.runtime_command(runtime, "show info")
-        yield runtime
+        with haproxy.one_server(tmp_path, NODE, vllm.port) as runtime:
+            yield runtime
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
         vllm.stop()
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from harness import playbook, project, unit
+from harness import node, playbook, project, unit
+from harness.api import Gateway
 
 HOST = "site_e2e-bookworm"
 SCENARIO = Path(__file__).resolve().parents[1]
@@ -47,3 +48,15 @@ LAST = ("test_instances.py",)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Run the LAST modules after all the others, in their own order (a stable sort keeps the rest as collected)."""
     items.sort(key=lambda item: item.path.name in LAST)
+
+
+@pytest.fixture(scope="module")
+def gateway(host) -> Gateway:
+    """The node's gateway at the container's address, as a client reaches it (test_lora, test_instances)."""
+    return Gateway(host.check_output("hostname -I").split()[0], 443)
+
+
+@pytest.fixture(scope="module")
+def key(host) -> str:
+    """The API key the node serves with."""
+    return node.api_key(host)

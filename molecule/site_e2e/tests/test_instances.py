@@ -62,16 +62,6 @@ def models(gateway: Gateway, key: str) -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def gateway(host) -> Gateway:
-    return Gateway(host.check_output("hostname -I").split()[0], 443)
-
-
-@pytest.fixture(scope="module")
-def key(host) -> str:
-    return node.api_key(host)
-
-
-@pytest.fixture(scope="module")
 def switched(host) -> Iterator[playbook.Run]:
     """The node switched from its one model to the two instances."""
     run = site_with("instances", [CHAT, MLA])

@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import pytest
-
 from harness import node, playbook
 from harness.api import Gateway, chat
 from harness.figures import Figures
@@ -56,17 +54,6 @@ def site(host: Any, name: str, *args: str, adapters: list[dict[str, str]] | None
 def ask(gateway: Gateway, key: str, model: str) -> tuple[int, bytes]:
     """One short chat completion of `model` (the base or an adapter's name) through the gateway."""
     return gateway.request("POST", "/v1/chat/completions", key, chat(model, 4, "Name a sea."), timeout=120)
-
-
-@pytest.fixture(scope="module")
-def gateway(host) -> Gateway:
-    """The gateway at the node container's address, as a client reaches it."""
-    return Gateway(host.check_output("hostname -I").split()[0], 443)
-
-
-@pytest.fixture(scope="module")
-def key(host) -> str:
-    return node.api_key(host)
 
 
 def test_the_adapter_of_the_inventory_is_downloaded_checked_served_and_in_the_manifest(host, gateway, key):
