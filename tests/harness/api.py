@@ -112,6 +112,21 @@ def tokens_check(usage: dict[str, Any] | None, max_tokens: int, answer: Any) -> 
     return "" if tokens == max_tokens else f"{tokens} tokens instead of {max_tokens}: {str(answer)[:200]}"
 
 
+def read_sizes(arrivals: Iterable[float]) -> list[int]:
+    """How many stream events arrived at each distinct millisecond, in order: the reads the client saw. A proxy that
+    buffers hands over a whole buffer's worth of events per read (but the last); an unbuffered one, read by a client
+    that a loaded machine starves, gives some large reads and, whenever the client keeps up, small ones."""
+    sizes: list[int] = []
+    last: float | None = None
+    for instant in (round(t, 3) for t in arrivals):
+        if instant == last:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+            last = instant
+    return sizes
+
+
 def stream_check(lines: Iterable[bytes], max_tokens: int) -> str:
     """Reads a chat completion's event stream line by line: '' when it ended with [DONE] after content events and
     its usage event counts `max_tokens`, else why not."""

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from harness import node
-from harness.api import Gateway, chat
+from harness.api import Gateway, chat, read_sizes
 from harness.figures import Figures
 from harness.project import ARTIFACTS
 
@@ -113,6 +113,8 @@ def test_openai_api_with_the_key(gateway, api_key, model):
 
 # The distinct read instants a 16 KB-buffering proxy would give the stream's ~100 KB (one per buffer flush, +1).
 BUFFERED_READS_MAX = 8
+# A read of this many events or fewer is one no 16 KB-buffering proxy gives (its reads carry ~80 events each).
+SMALL_READ_EVENTS = 4
 # Streams tried at most before the test judges the best of them (a starved reader is transient; buffering is not).
 STREAM_TRIES = 3
 
@@ -130,7 +132,9 @@ def test_streaming_passes_through_unbuffered(gateway, api_key, model):
         assert status == 200
         # Under load vLLM may put several tokens in one event (489 events for 512 tokens in a CI run).
         assert len(arrivals) >= 256, len(arrivals)
-        tries.append({"events": len(arrivals), "distinct_arrival_ms": len({round(t, 3) for t in arrivals}),
+        sizes = read_sizes(arrivals)
+        tries.append({"events": len(arrivals), "distinct_arrival_ms": len(sizes),
+                      "small_reads": sum(1 for n in sizes[:-1] if n <= SMALL_READ_EVENTS),
                       "first_s": round(arrivals[0], 3), "last_s": round(arrivals[-1], 3),
                       "total_s": round(total, 3)})
         if tries[-1]["distinct_arrival_ms"] >= BUFFERED_READS_MAX * 4 and arrivals[-1] - arrivals[0] > 0.2:
@@ -139,9 +143,13 @@ def test_streaming_passes_through_unbuffered(gateway, api_key, model):
     # Buffered in 16 KB, the ~100 KB would come in about 7 reads: a handful of distinct instants. Unbuffered, every
     # event is its own read on an idle machine (450+ of 513); a loaded one reads several at once: 47 distinct ms at
     # load ~45 and 100 at load ~10 were seen. 32 keeps both apart.
-    best = max(tries, key=lambda t: t["distinct_arrival_ms"])
-    assert best["distinct_arrival_ms"] >= BUFFERED_READS_MAX * 4, tries
-    assert best["last_s"] - best["first_s"] > 0.2, tries
+    # On a loaded machine (load ~13: 8-11 distinct ms in all three tries of one CI-like run) the count alone does not
+    # tell; the reads' sizes do: every read of a 16 KB-buffering proxy but the last carries ~80 events, so more reads
+    # than it could give, two or more of them of a few events, is no buffering proxy either.
+    unbuffered = [t for t in tries if t["last_s"] - t["first_s"] > 0.2 and (
+        t["distinct_arrival_ms"] >= BUFFERED_READS_MAX * 4
+        or (t["distinct_arrival_ms"] > BUFFERED_READS_MAX + 1 and t["small_reads"] >= 2))]
+    assert unbuffered, tries
 
 
 def long_generation_n(max_tokens: int, seconds: float, output_tps: float) -> int:

@@ -360,6 +360,8 @@ def test_a_stream_is_checked_to_its_end_and_its_token_count():
 
     chunk = json.dumps({"choices": [{"delta": {"content": "a"}}]})
     usage = json.dumps({"choices": [], "usage": {"completion_tokens": 2}})
+    assert api.read_sizes([0.0101, 0.0102, 0.5, 0.5001, 0.5004, 0.9]) == [2, 3, 1]
+    assert api.read_sizes([]) == []
     assert api.stream_check(events(chunk, chunk, usage, "[DONE]"), 2) == ""
     assert api.stream_check(events(chunk, usage, "[DONE]"), 3).startswith("2 tokens instead of 3")
     assert api.stream_check(events(chunk, chunk), 2) == "stream ended without [DONE] after 2 events"
