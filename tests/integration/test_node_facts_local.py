@@ -27,7 +27,8 @@ PLAYBOOK = """
         content: "{{ {'gpus': node_facts_gpus, 'source': node_facts_gpu_source, 'driver': node_facts_driver_version,
                       'topology': node_facts_gpu_topology,
                       'disk_path': node_facts_disk_path, 'disk_free': node_facts_disk_free_bytes,
-                      'cpus': node_facts_cpu_count, 'memory': node_facts_memory_total_mib} | to_json }}"
+                      'cpus': node_facts_cpu_count, 'memory': node_facts_memory_total_mib,
+                      'amx': node_facts_cpu_amx} | to_json }}"
         dest: "{{ out }}"
         mode: "0644"
 """
@@ -69,6 +70,7 @@ def test_nvidia_smi_with_unavailable_values_and_a_pci_domain(tmp_path: Path) -> 
     assert facts["disk_path"] == str(tmp_path)
     assert isinstance(facts["disk_free"], int) and facts["disk_free"] > 0
     assert facts["cpus"] >= 1 and facts["memory"] > 0
+    assert facts["amx"] is ("amx_tile" in Path("/proc/cpuinfo").read_text().split())
     # `nvidia-smi topo -m` of the two GPUs: one PCIe switch, NUMA node 0
     assert facts["topology"] == {"gpus": [{"index": i, "numa": 0, "cpu_affinity": "0-31,64-95"} for i in (0, 1)],
                                  "links": [["X", "PIX"], ["PIX", "X"]]}

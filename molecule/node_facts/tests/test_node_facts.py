@@ -69,6 +69,7 @@ def test_os_memory_cpus_and_disk_match_the_node(host: Any, tmp_path_factory: Any
     meminfo = host.file("/proc/meminfo").content_string.split()
     assert facts["node_facts_memory_total_mib"] == int(meminfo[meminfo.index("MemTotal:") + 1]) // 1024
     assert facts["node_facts_cpu_count"] == int(host.check_output("nproc"))
+    assert facts["node_facts_cpu_amx"] is ("amx_tile" in host.file("/proc/cpuinfo").content_string.split())
     # /srv/vllm/models does not exist: the nearest existing parent (/srv/vllm, made by prepare) is measured.
     assert not host.file("/srv/vllm/models").exists
     assert facts["node_facts_disk_path"] == "/srv/vllm"
