@@ -242,6 +242,20 @@ def comm_growth(tp: int, rel: Releases) -> int:
     return int(estimate(rel, "tp_comm_gib_per_peer") * GiB * max(tp - 1, 0))
 
 
+def dense_mlp_bytes(shape: ModelShape, tokens: int, tp: int = 1) -> int:
+    """The least a dense MLP holds at once in the profile's forward pass: its gate_up output and its activation's.
+
+    vLLM's dense MLP (model_executor/models/llama.py LlamaMLP.forward, which Mistral, Qwen2/3 and others reuse)
+    runs gate_up_proj into [tokens, 2 x intermediate / TP], then SiluAndMul writes [tokens, intermediate / TP]
+    while reading it: 3 x intermediate / TP values of 2 bytes per token are live together. The forward estimate
+    (hidden x activation_hidden_multiplier) misses this where the MLP is wide: Mistral-Small-3.2-24B (intermediate
+    32,768 = 6.4 x hidden) at 8,192 tokens needs 1.5 GiB there against 1.25 (vLLM 0.11.0 logged a 2.12 GiB peak,
+    llm-d-benchmark config_explorer/empirical-vllm-memory-results.md). A lower bound (residual and hidden copies
+    are not added): 0 where the config states no dense intermediate size (MoE models: their workspaces count).
+    """
+    return tokens * 3 * shape.intermediate_size // max(tp, 1) * 2
+
+
 def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
                     version: str = "0.33.0", flashinfer: bool = False) -> tuple[int, str]:
     """The profile run's torch peak above the weights (+ non-torch growth); and how that was made.
@@ -263,7 +277,8 @@ def activation_peak(shape: ModelShape, batch: Batch, rel: Releases, tp: int = 1,
     """
     mnbt = batch.max_num_batched_tokens
     hidden = shape.hidden_size or 8192   # unknown hidden size: assume a large model (conservative)
-    forward = [("hidden states", mnbt * hidden * 2 * estimate(rel, "activation_hidden_multiplier"))]
+    states, mlp = mnbt * hidden * 2 * estimate(rel, "activation_hidden_multiplier"), dense_mlp_bytes(shape, mnbt, tp)
+    forward = [("dense MLP" if mlp > states else "hidden states", max(states, mlp))]
     if shape.top_k:
         forward.append(("MoE workspaces", mnbt * shape.top_k * hidden * 2 * estimate(rel, "moe_workspace_multiplier")))
     vocab = shape.vocab_size or 152064

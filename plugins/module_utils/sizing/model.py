@@ -68,6 +68,7 @@ class ModelShape:
     # global_head_dim / num_global_key_value_heads); empty = head_dim / num_kv_heads on every layer.
     layer_heads: tuple[tuple[int, int], ...] = ()
     tie_word_embeddings: bool = False   # lm_head shares the input embedding's weights (one copy, on stage 0)
+    intermediate_size: int = 0      # a dense model's MLP width (config intermediate_size; 0: MoE or not stated)
 
     def heads_of(self, layer: int) -> tuple[int, int]:
         """(head_dim, KV heads) of one attention layer."""
@@ -351,4 +352,5 @@ def model_shape(config: dict[str, Any]) -> ModelShape:
         gdn=_gdn_state(tc) if "gdn" in kinds else {}, kda=_kda_state(tc) if "kda" in kinds else {},
         mamba2=_mamba2_state(tc) if "mamba2" in kinds else {},
         model_type=str(tc.get("model_type") or ""), indexer_bytes=indexer, layer_heads=heads,
-        tie_word_embeddings=bool(tc.get("tie_word_embeddings", False)))
+        tie_word_embeddings=bool(tc.get("tie_word_embeddings", False)),
+        intermediate_size=0 if top_k else int(tc.get("intermediate_size") or 0))
