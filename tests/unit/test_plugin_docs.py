@@ -46,6 +46,7 @@ def test_the_modules_are_the_expected_ones():
     assert MODULES == ["bundle_fetch", "disk_space", "files_probe", "gateway_servers", "gpu_health",
                        "inference_check_benchmark", "inference_check_measure", "lora_adapters_read",
                        "lora_adapters_sync", "model_download", "model_download_link", "model_download_node",
+                       "model_download_unserved",
                        "page_cache_warm", "vllm_plan", "vllm_service_probe", "vllm_service_wait"]
 
 

@@ -290,6 +290,99 @@ def prune_plan(directories: Iterable[str], completed: Mapping[str, float], servi
     return [c for c in commits if c not in kept]
 
 
+# ---- models no unit serves any more (tasks_from: unserved) ------------------------------------------------------
+
+# What model_download (and offline_bundle, writing the same record) puts in a model directory besides revisions/:
+# the record, its temporary file while it is written, the bundle's copy markers.
+OWN_ENTRIES = (RECORD_NAME, RECORD_NAME + ".vllm-node-tmp.*", ".vllm-node-bundle-copied-*")
+
+
+def _within(path: str, top: str) -> bool:
+    """path is top or below it (both normalised, absolute)."""
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _overlaps(path: str, others: Iterable[str]) -> bool:
+    """path is, contains or lies inside one of others."""
+    return any(_within(path, o) or _within(o, path) for o in others)
+
+
+def _own(name: str) -> bool:
+    """An entry of a model directory that model_download or offline_bundle writes (OWN_ENTRIES)."""
+    return any(fnmatch.fnmatch(name, pattern) for pattern in OWN_ENTRIES)
+
+
+def unserved_repo(repo_id: str, repo: Mapping[str, Any], base: str) -> dict[str, Any]:
+    """What to delete of one model directory the project created: its 40-hex revision directories and its own files
+    (OWN_ENTRIES), then revisions/ and the directory itself when nothing else is left in them. `left`: the entries
+    found there that the project did not write (kept, named in the report).
+
+    repo: {"entries": [names in the directory], "revisions": [real directories in revisions/], or None when
+    revisions is absent or not a real directory, "revisions_other": [the other names in revisions/]}.
+    """
+    entries = sorted(str(e) for e in repo.get("entries") or [])
+    listed = repo.get("revisions")
+    revisions = sorted({str(r) for r in listed or []} | {str(r) for r in repo.get("revisions_other") or []})
+    commits = sorted(str(r) for r in listed or [] if is_commit(str(r)))
+    paths = [posixpath.join(base, "revisions", c) for c in commits]
+    paths += [posixpath.join(base, e) for e in entries if _own(e)]
+    left = [posixpath.join(base, "revisions", r) for r in revisions if r not in commits]
+    left += [posixpath.join(base, e) for e in entries
+             if not _own(e) and not (e == "revisions" and listed is not None)]
+    rmdirs = []
+    if "revisions" in entries and listed is not None and len(commits) == len(revisions):
+        rmdirs.append(posixpath.join(base, "revisions"))
+    if not left:
+        rmdirs.append(base)
+    return {"repo": repo_id, "dir": base, "paths": paths, "rmdirs": rmdirs, "left": left}
+
+
+def unserved_plan(listing: Mapping[str, Any], served_repos: Iterable[str], served_dirs: Iterable[str],
+                  roots: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The downloaded models no unit serves any more, and what to delete of each.
+
+    listing: {"root": <models root>, "orgs": {org: {"entries": [names in <root>/<org>], "repos": {name: {"record":
+    the repo its .vllm-node-download.json names or None, "entries": [...], "revisions": [...] (unserved_repo)}}}}}
+    (real directories only, no symbolic links). A directory is the project's when its record names its own repo
+    (<org>/<name>). It is deleted only when no served repo has that name (compared case-insensitively, as the Hub
+    does), no served directory is, contains or lies inside it, and it is not nor contains one of the other roots
+    (the models' root above the adapters'). Returns [{repo, dir, paths (to delete: trees and files), rmdirs (emptied
+    directories to remove, innermost first; an org directory left empty last), left (foreign entries kept)}],
+    sorted by repo.
+    """
+    root = posixpath.normpath(str(listing.get("root") or ""))
+    served = {str(r).casefold() for r in served_repos}
+    guarded = [posixpath.normpath(str(d)) for d in served_dirs if str(d or "").startswith("/")]
+    others = [posixpath.normpath(str(d)) for d in roots if str(d or "").startswith("/")]
+    if not root.startswith("/") or root == "/":
+        return []
+    plan: list[dict[str, Any]] = []
+    for org, org_doc in sorted((listing.get("orgs") or {}).items()):
+        org_dir = posixpath.join(root, org)
+        removed = []
+        for name, repo in sorted((org_doc.get("repos") or {}).items()):
+            repo_id, base = f"{org}/{name}", posixpath.join(org_dir, name)
+            if (not REPO_RE.match(repo_id) or repo.get("record") != repo_id or repo_id.casefold() in served
+                    or _overlaps(base, guarded) or any(_within(o, base) for o in others)):
+                continue
+            plan.append(unserved_repo(repo_id, repo, base))
+            if base in plan[-1]["rmdirs"]:
+                removed.append(name)
+        if (removed and sorted(removed) == sorted(org_doc.get("entries") or []) and not _overlaps(org_dir, guarded)
+                and not any(_within(o, org_dir) for o in others)):
+            plan[-1]["rmdirs"].append(org_dir)
+    return plan
+
+
+def freed_bytes(inodes: Iterable[tuple[int, int, int, int]]) -> int:
+    """Bytes a deletion frees: inodes [(device, inode, size, link count)], one entry per name deleted. A file
+    hard-linked from a directory that stays (another revision, another model) frees nothing."""
+    seen: dict[tuple[int, int], list[int]] = {}
+    for dev, ino, size, nlink in inodes:
+        seen.setdefault((dev, ino), [size, nlink, 0])[2] += 1
+    return sum(size for size, nlink, names in seen.values() if names >= nlink)
+
+
 def layout_commit(entries: Iterable[str], flat_marker: str | None, record: Mapping[str, Any] | None) -> str:
     """The commit of files found directly in the model directory (the layout before revisions/): the one their
     completion marker names (the files really are that commit), else the one of the record; '' if neither."""

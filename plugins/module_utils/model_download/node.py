@@ -224,6 +224,80 @@ def prune(revisions_dir: str, serving: str, keep: int, check: bool) -> list[str]
     return victims
 
 
+# ---- models no unit serves any more ------------------------------------------------------------------------------
+
+
+def real_dir(path: str) -> bool:
+    """A directory, not a symbolic link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except FileNotFoundError:
+        return False
+
+
+def scan_models(root: str) -> dict[str, Any]:
+    """The listing mdf.unserved_plan reads: <root>/<org>/<name> directories with the repo their record names, their
+    entries and their revisions/ directories (real directories only; symbolic links are nobody's model)."""
+    orgs: dict[str, Any] = {}
+    if not real_dir(root):
+        return {"root": root, "orgs": orgs}
+    for org in sorted(os.listdir(root)):
+        org_dir = os.path.join(root, org)
+        if not real_dir(org_dir):
+            continue
+        names = sorted(os.listdir(org_dir))
+        repos = {}
+        for name in names:
+            base = os.path.join(org_dir, name)
+            if not real_dir(base):
+                continue
+            record = read_json(os.path.join(base, mdf.RECORD_NAME)) if os.path.isfile(
+                os.path.join(base, mdf.RECORD_NAME)) else None
+            revisions = os.path.join(base, "revisions")
+            inside = sorted(os.listdir(revisions)) if real_dir(revisions) else []
+            repos[name] = {
+                "record": record.get("repo") if isinstance(record, dict) else None,
+                "entries": sorted(os.listdir(base)),
+                "revisions": [n for n in inside if real_dir(os.path.join(revisions, n))]
+                if real_dir(revisions) else None,
+                "revisions_other": [n for n in inside if not real_dir(os.path.join(revisions, n))],
+            }
+        orgs[org] = {"entries": names, "repos": repos}
+    return {"root": root, "orgs": orgs}
+
+
+def inodes(paths: Iterable[str]) -> list[tuple[int, int, int, int]]:
+    """(device, inode, size, link count) of every non-directory below the paths (a path itself when it is a file)."""
+    out = []
+    for top in paths:
+        names = [os.path.join(d, n) for d, _s, ns in os.walk(top) for n in ns] if real_dir(top) else [top]
+        for path in names:
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            out.append((info.st_dev, info.st_ino, info.st_size, info.st_nlink))
+    return out
+
+
+def delete_unserved(plan: Iterable[Mapping[str, Any]], check: bool) -> list[dict[str, Any]]:
+    """Delete what mdf.unserved_plan chose (trees, files, then the emptied directories); returns each repo with
+    the bytes it freed (measured before, hard links shared with what stays not counted)."""
+    done = []
+    for item in plan:
+        freed = mdf.freed_bytes(inodes(item["paths"]))
+        if not check:
+            for path in item["paths"]:
+                if real_dir(path):
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    os.unlink(path)
+            for path in item["rmdirs"]:
+                os.rmdir(path)
+        done.append({**item, "bytes": freed})
+    return done
+
+
 # ---- hf ----------------------------------------------------------------------------------------------------------
 
 

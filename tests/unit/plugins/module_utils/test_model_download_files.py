@@ -212,6 +212,110 @@ def test_prune_never_deletes_the_serving_one_and_keeps_at_most_keep(names, compl
     assert len(set(names) - set(victims)) <= keep
 
 
+# ---- models no unit serves any more ------------------------------------------------------------------------------
+
+
+def repo_doc(repo: str | None, revisions: list[str] | None = None, extra: tuple[str, ...] = (),
+             other: tuple[str, ...] = ()) -> dict:
+    """A model directory as node.scan_models lists it: the record, revisions/ (None: absent), other entries."""
+    entries = ([mdf.RECORD_NAME] if repo else []) + (["revisions"] if revisions is not None else []) + list(extra)
+    return {"record": repo, "entries": entries, "revisions": revisions, "revisions_other": list(other)}
+
+
+LISTING_MODELS = {"root": "/m", "orgs": {
+    "org": {"entries": ["served", "gone"], "repos": {"served": repo_doc("org/served", [A]),
+                                                    "gone": repo_doc("org/gone", [A, B])}},
+    "other": {"entries": ["gone2"], "repos": {"gone2": repo_doc("other/gone2", [C],
+                                                                (".vllm-node-bundle-copied-" + C,))}},
+    "hand": {"entries": ["made"], "repos": {"made": repo_doc(None, [A])}},          # no record: not the project's
+    "lora": {"entries": ["org"], "repos": {"org": repo_doc(None)}},                # the adapters' root below it
+    "misnamed": {"entries": ["x"], "repos": {"x": repo_doc("org/served", [A])}},    # a record of another repo
+}}
+
+
+def test_unserved_plan_deletes_the_recorded_models_no_unit_serves() -> None:
+    plan = mdf.unserved_plan(LISTING_MODELS, ["org/served"], [f"/m/org/served/revisions/{A}", "/m/lora"])
+    assert [item["repo"] for item in plan] == ["org/gone", "other/gone2"]
+    gone, gone2 = plan
+    assert gone["paths"] == [f"/m/org/gone/revisions/{A}", f"/m/org/gone/revisions/{B}",
+                             f"/m/org/gone/{mdf.RECORD_NAME}"]
+    assert gone["rmdirs"] == ["/m/org/gone/revisions", "/m/org/gone"] and gone["left"] == []
+    # the only model of its org: the org directory goes too, once empty
+    assert gone2["rmdirs"] == ["/m/other/gone2/revisions", "/m/other/gone2", "/m/other"]
+    assert f"/m/other/gone2/.vllm-node-bundle-copied-{C}" in gone2["paths"]
+
+
+def test_unserved_plan_keeps_what_the_project_did_not_write() -> None:
+    listing = {"root": "/m", "orgs": {"org": {"entries": ["gone", "notes.txt"], "repos": {
+        "gone": repo_doc("org/gone", [A, "scratch"], ("my-notes",), ("stray-file",))}}}}
+    [item] = mdf.unserved_plan(listing, ["org/served"], [])
+    assert item["paths"] == [f"/m/org/gone/revisions/{A}", f"/m/org/gone/{mdf.RECORD_NAME}"]
+    assert item["left"] == ["/m/org/gone/revisions/scratch", "/m/org/gone/revisions/stray-file",
+                            "/m/org/gone/my-notes"]
+    assert item["rmdirs"] == []
+    # revisions/ that is not a real directory (a link) is left with the directory holding it
+    listing["orgs"]["org"]["repos"]["gone"] = {**repo_doc("org/gone", None), "entries": [mdf.RECORD_NAME, "revisions"]}
+    [item] = mdf.unserved_plan(listing, ["org/served"], [])
+    assert item["paths"] == [f"/m/org/gone/{mdf.RECORD_NAME}"] and item["left"] == ["/m/org/gone/revisions"]
+
+
+def test_unserved_plan_spares_a_served_repo_in_any_case_and_any_served_directory() -> None:
+    assert mdf.unserved_plan(LISTING_MODELS, ["ORG/Gone", "other/gone2", "org/served"], []) == []
+    # the served directory inside a repo whose name is not served (another base_dir) protects it all the same
+    plan = mdf.unserved_plan(LISTING_MODELS, ["x/y"], [f"/m/org/gone/revisions/{B}", "/m/other"])
+    assert [item["repo"] for item in plan] == ["org/served"]
+    assert "/m/org" not in plan[0]["rmdirs"]  # org/gone stays in it
+    assert mdf.unserved_plan({"root": "/", "orgs": LISTING_MODELS["orgs"]}, ["x/y"], []) == []
+    # another root (the models' root, seen from an adapters' root above it) is never deleted nor what holds it
+    plan = mdf.unserved_plan(LISTING_MODELS, ["org/served"], [], ["/m/org/gone/sub", "/m/other"])
+    assert [item["repo"] for item in plan] == ["other/gone2"] and plan[0]["rmdirs"][-1] == "/m/other/gone2"
+
+
+NAMES = st.sampled_from(["a", "b", "Org", "lora", "x.y"])
+# a directory's record: its own repo (the project's), another one, or none
+RECORDS = st.sampled_from(["own", "own", "org/other", None])
+REPO_DOCS = st.builds(
+    repo_doc, RECORDS, st.one_of(st.none(), st.lists(st.sampled_from([A, B, "tmp"]), unique=True)),
+    st.lists(st.sampled_from([".vllm-node-bundle-copied-x", "notes"]), unique=True).map(tuple),
+    st.lists(st.sampled_from([C, "f"]), unique=True).map(tuple))
+
+
+def listing_of(orgs: dict) -> dict:
+    """A listing whose "own" records name their own directory's repo."""
+    return {"root": "/m", "orgs": {org: {"entries": sorted(repos), "repos": {
+        name: {**doc, "record": f"{org}/{name}" if doc["record"] == "own" else doc["record"]}
+        for name, doc in repos.items()}} for org, repos in orgs.items()}}
+
+
+LISTINGS = st.dictionaries(NAMES, st.dictionaries(NAMES, REPO_DOCS, max_size=3), max_size=3).map(listing_of)
+
+
+@given(LISTINGS, st.lists(st.builds(lambda o, n: f"{o}/{n}", NAMES, NAMES), max_size=4),
+       st.lists(st.builds(lambda o, n, r: f"/m/{o}/{n}/revisions/{r}", NAMES, NAMES, st.sampled_from([A, B])),
+                max_size=3))
+def test_unserved_plan_never_touches_a_served_repo_or_directory_or_a_foreign_one(listing, served, dirs) -> None:
+    plan = mdf.unserved_plan(listing, served, [*dirs, "/m/lora"], ["/m/a/b/x"])
+    for item in plan:
+        org, name = item["repo"].split("/")
+        assert item["repo"].casefold() not in {s.casefold() for s in served}
+        assert listing["orgs"][org]["repos"][name]["record"] == item["repo"], "only a directory the project recorded"
+        for path in item["paths"] + item["rmdirs"]:
+            assert path.startswith("/m/" + org + "/") or path == "/m/" + org
+            for guarded in [*dirs, "/m/lora"]:
+                assert not (path == guarded or guarded.startswith(path + "/") or path.startswith(guarded + "/"))
+            assert not "/m/a/b/x".startswith(path + "/")
+        for path in item["paths"]:
+            rel = path[len(item["dir"]) + 1:]
+            assert rel == mdf.RECORD_NAME or rel.startswith(".vllm-node-bundle-copied-") or (
+                rel.startswith("revisions/") and mdf.is_commit(rel[len("revisions/"):]))
+
+
+def test_freed_bytes_counts_a_file_only_when_every_name_of_it_goes() -> None:
+    # inode 1: both links deleted; inode 2: one of two links deleted (the other stays); inode 3: a plain file
+    assert mdf.freed_bytes([(1, 1, 100, 2), (1, 1, 100, 2), (1, 2, 50, 2), (1, 3, 7, 1), (2, 1, 5, 1)]) == 112
+    assert mdf.freed_bytes([]) == 0
+
+
 def test_layout_commit_prefers_the_marker_of_the_files_themselves() -> None:
     marker = json.dumps({"commit": A})
     assert mdf.layout_commit([mdf.MARKER_NAME, "x"], marker, {"commit": B}) == A

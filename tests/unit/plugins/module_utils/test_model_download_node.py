@@ -13,6 +13,7 @@ import pytest
 
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.model_download import files as mdf
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils.model_download import node
+from harness.models import downloaded_model, tree
 
 UID, GID = os.getuid(), os.getgid()
 A = "a" * 40
@@ -166,3 +167,42 @@ def test_a_vanished_runner_is_a_lost_job(tmp_path: Path) -> None:
 @pytest.mark.parametrize("pid", [0, -1])
 def test_alive_refuses_non_pids(pid: int) -> None:
     assert not node.alive(pid) and node.alive(os.getpid())
+
+
+# ---- models no unit serves any more ------------------------------------------------------------------------------
+
+
+def test_scan_models_lists_records_revisions_and_no_symbolic_link(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    downloaded_model(root, "org/kept", {"config.json": b"{}"}, [A])
+    (root / "org" / "kept" / "revisions" / "stray").write_text("x")
+    (root / "org" / "linked").symlink_to(root / "org" / "kept")
+    (root / "hand" / "made").mkdir(parents=True)
+    listing = node.scan_models(str(root))
+    assert listing["orgs"]["org"]["entries"] == ["kept", "linked"]
+    assert listing["orgs"]["org"]["repos"] == {"kept": {"record": "org/kept", "entries": [mdf.RECORD_NAME, "revisions"],
+                                                         "revisions": [A], "revisions_other": ["stray"]}}
+    assert listing["orgs"]["hand"]["repos"]["made"]["record"] is None
+    assert node.scan_models(str(tmp_path / "absent")) == {"root": str(tmp_path / "absent"), "orgs": {}}
+
+
+def test_delete_unserved_counts_each_linked_file_once_and_check_deletes_nothing(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    base = downloaded_model(root, "org/gone", {"model.safetensors": b"w" * 1000, "config.json": b"{}"}, [A, "b" * 40])
+    plan = mdf.unserved_plan(node.scan_models(str(root)), ["org/served"], [])
+    before = tree(base)
+    [checked] = node.delete_unserved(plan, check=True)
+    assert tree(base) == before
+    # the two revisions share the files (hard links): 1002 bytes of data, plus the two markers and the record
+    markers = sum(size for path, size in before.items() if path.endswith(mdf.MARKER_NAME))
+    assert checked["bytes"] == 1002 + markers + before[mdf.RECORD_NAME]
+    [done] = node.delete_unserved(plan, check=False)
+    assert done["bytes"] == checked["bytes"] and not (root / "org").exists() and root.is_dir()
+
+
+def test_inodes_leaves_a_file_linked_from_elsewhere_unfreed(tmp_path: Path) -> None:
+    (tmp_path / "gone").mkdir()
+    (tmp_path / "gone" / "shard").write_bytes(b"s" * 64)
+    os.link(tmp_path / "gone" / "shard", tmp_path / "stays")
+    assert mdf.freed_bytes(node.inodes([str(tmp_path / "gone")])) == 0
+    assert mdf.freed_bytes(node.inodes([str(tmp_path / "gone"), str(tmp_path / "stays")])) == 64
