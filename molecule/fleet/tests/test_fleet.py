@@ -6,7 +6,9 @@ The sequence (file order; pytest -x, each step starts from the state the one bef
   01 the converge left both nodes on 0.31.0 behind the gateway, both UP in HAProxy
   02 from outside the fleet network (fleet-client, on the front network only) only the gateway's port answers
   03 rollout to vLLM 0.32.0 under the client loop: 0 failed requests, both nodes on 0.32.0, one restart each, a
-     long generation in flight when each node's drain began
+     long generation in flight when each node's drain began; the canary published its compile caches and the
+     second node started with them (it had none of its own: received the archive's bytes), each node's
+     start-to-healthy (its gate's inference check report) recorded, the second's against the canary's
   04 the same rollout again: no restart (MainPID unchanged), no drain, both reports "unchanged"
   05 a serving flag change (max-model-len lowered by a quarter) with a flag vLLM refuses on the second node only,
      under the client loop: the first node serves the change, the second is rolled back and serving, the play fails
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,8 +39,9 @@ import yaml
 from harness import api, haproxy, playbook
 from harness.clients import Client, ClientLoop
 from harness.figures import Figures
+from harness.node import inference_check
 from harness.project import PROJECT, machine
-from harness.unit import restarts, stop_start_seconds, witness
+from harness.unit import restarts, show, stop_start_seconds, witness
 
 SCENARIO = Path(__file__).resolve().parents[1]
 ARTIFACTS = PROJECT / "artifacts" / "fleet"
@@ -76,6 +80,11 @@ LONG_TIMEOUT = 900        # seconds a long generation's socket may wait (a non-s
 PROMPT_MARGIN = 128       # tokens of max-model-len left for the prompt and the chat template
 DRAIN_TIMEOUT = yaml.safe_load((PROJECT / "roles" / "rollout" / "defaults" / "main.yml").read_text())[
     "rollout_drain_timeout"]
+# Where the rollout leaves the canary's packed compile caches, one archive per key (rollout_cache_store's default:
+# beside the reports). Emptied before step 03: an archive of an earlier run would reach the canary itself.
+CACHE_STORE = PROJECT / "artifacts" / "rollout" / "compile-cache"
+# Whole seconds (the report's systemd timestamps) against the witness's microseconds, and the report's own rounding.
+START_SLACK_S = 2.0
 
 testinfra_hosts = [f"ansible://{NODES[0]}"]
 
@@ -172,6 +181,43 @@ def under_load(step: str, extra_vars: dict[str, Any], model: str,
     return rc, output, seconds, counts, client
 
 
+def start_figures(name: str, start_s: float | None) -> dict[str, Any]:
+    """A node's last start from its inference check report (the rollout's gate writes it): when it began,
+    start-to-healthy (systemd's InactiveExit to ActiveEnter, whole seconds), the parts' total and summary, what vLLM
+    found in its compile cache; beside it `start_s`, the same start from the witness's monotonic timestamps."""
+    unit = inference_check(name)["unit"]
+    phases = unit.get("phases") or {}
+    return {"started_at": unit["started_at"], "start_to_healthy_s": unit["seconds_to_healthy"], "start_s": start_s,
+            "phases_total_s": phases.get("total_seconds"), "compile_cache": phases.get("compile_cache"),
+            "phases": phases.get("summary")}
+
+
+def archive_files(archive: Path, key: str) -> dict[str, int]:
+    """The regular files of the canary's packed keyed directory (members `<key>/...`): path below it -> bytes."""
+    with tarfile.open(archive) as tar:
+        return {member.name.removeprefix(f"{key}/"): member.size for member in tar.getmembers() if member.isfile()}
+
+
+def cache_files(name: str) -> dict[str, int]:
+    """The files of the compile-cache directory the node's vLLM runs with (its unit's XDG_CACHE_HOME, the plan's
+    keyed directory): path below it -> bytes."""
+    host = machine(name)
+    environment = dict(item.split("=", 1) for item in shlex.split(show(host, properties=["Environment"])["Environment"])
+                       if "=" in item)
+    out = host.check_output(f"find {shlex.quote(environment['XDG_CACHE_HOME'])} -type f -printf '%P\\t%s\\n'")
+    return {path: int(size) for path, size in (line.rsplit("\t", 1) for line in out.splitlines() if line)}
+
+
+def check_start(name: str, start: dict[str, Any], times: dict[str, Any]) -> None:
+    """The report's start is this rollout's (between the node's drain and the end of its converge) and agrees with
+    the witness's start seconds."""
+    started, seconds = start["started_at"], start["start_to_healthy_s"]
+    assert started is not None and int(float(times["drained"])) <= started <= float(times["converged"]), (
+        f"{name}: the inference check report's start ({started}) is not this rollout's ({times})")
+    assert seconds is not None and start["start_s"] is not None and abs(seconds - start["start_s"]) <= START_SLACK_S, (
+        f"{name}: start-to-healthy {seconds} s in the report, {start['start_s']} s from systemd's timestamps")
+
+
 def drain_figures(client: ClientLoop, reports: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per node that was drained: the drain's start (epoch, its rollout report), its wait until the node ran no
     request, what was left then, and how many requests (all, long) the client loop had in flight at its start."""
@@ -261,6 +307,8 @@ def test_03_rollout_to_0_32_0_under_load(model):
     gateway_clock = machine(GATEWAY).check_output("date +%s").strip()
     stot_before = gateway_servers()
     long_tokens = min(served(name)["max_model_len"] for name in NODES) - PROMPT_MARGIN
+    for stale in CACHE_STORE.glob("*.tar.gz"):
+        stale.unlink()
     rc, output, seconds, client, loop = under_load("03-rollout-0.32.0", STATE["vars"], model, long_tokens)
     after = {name: witness(machine(name)) for name in NODES}
     stot_after = gateway_servers()
@@ -284,6 +332,30 @@ def test_03_rollout_to_0_32_0_under_load(model):
         assert gateway_servers()[name]["status"] == "UP"
     # the canary went first: its time out of the pool ended before the second node's began
     assert reports[NODES[0]]["times"]["enabled"] <= reports[NODES[1]]["times"]["drain"]
+    # the canary's compile caches: it compiled its own and published them, the follower (same key) had none and
+    # started with them; then each start, the follower's against the canary's
+    canary, follower = (reports[name]["compile_cache"] for name in NODES)
+    archive = CACHE_STORE / f"{canary.get('key')}.tar.gz"
+    starts = {name: start_figures(name, stop_start_seconds(after[name])["start_s"]) for name in NODES}
+    first, second = (starts[name]["start_to_healthy_s"] for name in NODES)
+    carried = archive_files(archive, canary["key"]) if archive.exists() else {}
+    held = {name: cache_files(name) for name in NODES}
+    FIGURES.record("03-warm-restart", dict(
+        compile_cache={name: reports[name]["compile_cache"] for name in NODES},
+        archive_bytes=archive.stat().st_size if archive.exists() else None,
+        archive_files=len(carried), archive_file_bytes=sum(carried.values()), archive_paths=sorted(carried)[:20],
+        cache_files={name: {"files": len(files), "bytes": sum(files.values())} for name, files in held.items()},
+        starts=starts, follower_over_canary=round(second / first, 3) if first else None))
+    for name in NODES:
+        check_start(name, starts[name], reports[name]["times"])
+    assert canary.get("key") and follower.get("key") == canary["key"], (canary, follower)
+    assert canary.get("published_bytes", 0) > 0, f"the canary published no cache: {canary}"
+    assert archive.exists(), f"no archive of the canary's caches at {archive}"
+    assert follower["had_own"] is False, f"{NODES[1]} had its own cache of the key: {follower}"
+    assert follower["received_bytes"] == archive.stat().st_size > 0, (follower, archive.stat().st_size)
+    # the archive carries files (not an empty directory's), and each of them is in the follower's keyed directory
+    assert carried, f"the canary's archive holds no file: {archive}"
+    assert not set(carried) - set(held[NODES[1]]), sorted(set(carried) - set(held[NODES[1]]))
     # whether HAProxy's log shows a drain: step 04's log check means something only then
     STATE["drain_logged"] = any("drain" in line.lower() for line in drains)
 
