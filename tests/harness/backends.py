@@ -2,7 +2,8 @@
 `GET /health` and any POST with its own name, after the pause the request's JSON body asks for (`"sleep": seconds`),
 as server-sent events when the body asks for `"stream": true` (three events `"gap"` seconds apart, then [DONE]),
 and counts what it served and the models it was asked for; real HAProxy routes to them. For the LoRA sync,
-FakeVllm: vLLM's model list and runtime load/unload API. Nothing leaves the machine."""
+FakeVllm: vLLM's model list and runtime load/unload API. For the rollout's drain, GaugeVllm: /health and the request
+gauges of /metrics. Nothing leaves the machine."""
 from __future__ import annotations
 
 import json
@@ -127,10 +128,11 @@ class NamedBackend(LoopbackServer):
 
 
 class FakeVllm(LoopbackServer):
-    """A stand-in for vLLM's model list and runtime LoRA API on loopback: GET /v1/models (the base, then each
-    adapter with its parent and root), POST /v1/load_lora_adapter and /v1/unload_lora_adapter with vLLM's answers
-    (200 text, 400 for a name already loaded, 404 for one not loaded, 401 without the key). `refuse` maps an adapter
-    name to the (status, message) its load answers; `calls` records every request (method, path, body)."""
+    """A stand-in for vLLM's model list and runtime LoRA API on loopback: GET /health (200, without the key), GET
+    /v1/models (the base, then each adapter with its parent and root), POST /v1/load_lora_adapter and
+    /v1/unload_lora_adapter with vLLM's answers (200 text, 400 for a name already loaded, 404 for one not loaded, 401
+    without the key). `refuse` maps an adapter name to the (status, message) its load answers; `calls` records every
+    request (method, path, body)."""
 
     def __init__(self, base: str = "base-model", api_key: str = "", adapters: dict[str, str] | None = None) -> None:
         super().__init__()
@@ -188,7 +190,9 @@ class FakeVllm(LoopbackServer):
                 body = json.loads(self.rfile.read(length)) if length else None
                 with fake.lock:
                     fake.calls.append((method, self.path, body))
-                    if fake.api_key and self.headers.get("Authorization") != f"Bearer {fake.api_key}":
+                    if self.path == "/health":   # vLLM answers it without the key
+                        status, payload = 200, ""
+                    elif fake.api_key and self.headers.get("Authorization") != f"Bearer {fake.api_key}":
                         status, payload = 401, {"error": "Unauthorized"}
                     else:
                         status, payload = fake.answer(method, self.path, body)
@@ -205,5 +209,53 @@ class FakeVllm(LoopbackServer):
 
             def do_POST(self) -> None:   # noqa: N802
                 self.respond("POST")
+
+        return Handler
+
+
+class GaugeVllm(LoopbackServer):
+    """A stand-in for what the rollout's drain reads of a vLLM: GET /health (200) and GET /metrics with the gauges
+    vllm:num_requests_running and vllm:num_requests_waiting at `running` and `waiting` (as vLLM exposes them, per
+    model and engine). `scrapes` counts the /metrics requests it answered."""
+
+    def __init__(self, model: str, running: int = 0, waiting: int = 0) -> None:
+        super().__init__()
+        self.model, self.running, self.waiting = model, running, waiting
+        self.scrapes = 0
+
+    @property
+    def url(self) -> str:
+        """Where it listens."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def metrics(self) -> str:
+        """The /metrics text: the two gauges, one sample each."""
+        labels = f'engine="0",model_name="{self.model}"'
+        return (f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{{labels}}} {self.running}.0\n"
+                f"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{{labels}}} {self.waiting}.0\n")
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        """The request handler class bound to this stand-in."""
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:   # noqa: N802 (http.server's name)
+                if self.path == "/metrics":
+                    with fake.lock:
+                        fake.scrapes += 1
+                        text = fake.metrics()
+                else:
+                    text = ""
+                data = text.encode()
+                self.send_response(200 if self.path in ("/health", "/metrics") else 404)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
         return Handler

@@ -96,6 +96,16 @@ def run(playbook: str | Path, *args: str, inventory: str | None = None, limit: s
     return Run(proc.returncode, output, time.monotonic() - start)
 
 
+def demo_plan(plan_file: Path, *args: str) -> dict[str, Any]:
+    """The demo inventory's plan (its group_vars of vllm_nodes: tiny CPU models) from playbooks/plan.yml, controller
+    only, in seconds, with `args` (e.g. "-e", '{"vllm_node_instances": [...]}'); written to `plan_file` and returned."""
+    settings = PROJECT / "inventories" / "demo" / "group_vars" / "vllm_nodes"
+    rc, out, _ = run("playbooks/plan.yml", "-e", f"vllm_node_plan_file={plan_file}", "-e", f"@{settings / 'main.yml'}",
+                     "-e", f"@{settings / 'test_models.yml'}", *args, timeout=300)
+    assert rc == 0, out[-3000:]
+    return dict(json.loads(plan_file.read_text()))
+
+
 def scenario_log(scenario: str, name: str) -> Path:
     """Where in_scenario() keeps the output of the run `name`: artifacts/<scenario>/<name>.log."""
     return ARTIFACTS / scenario / f"{name}.log"
