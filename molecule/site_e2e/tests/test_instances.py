@@ -2,7 +2,8 @@
 converged node from its one model to two instances, `chat` (tiny-llama with the adapter sea-a) and `mla`
 (tiny-deepseek-v3), each under its own unit on its own port behind the node's one gateway, which routes by the
 request's model. Then: a re-run changes nothing; a flag change to chat restarts vllm-chat exactly once while
-vllm-mla keeps its process and a client loop on mla sees no failed request; removing mla stops and removes its unit
+vllm-mla keeps its process and a client loop on mla sees no failed request; a rollout of another change to chat
+whose gate fails puts chat's previous unit back while mla keeps its process; removing mla stops and removes its unit
 while chat keeps serving; and the node goes back to one model (vllm.service, the instances' units removed)."""
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from harness.project import ARTIFACTS, PROJECT
 
 HOST = "site_e2e-bookworm"
 SITE = PROJECT / "playbooks/site.yml"
+ROLLOUT = PROJECT / "playbooks/rollout.yml"
 NO_BENCHMARK = {"inference_check_benchmark": False}
 SEA_A = {"name": "sea-a", "repository": "vllm-node-test/tiny-llama-lora-a",
          "revision": "{{ e2e_lora_commits['tiny-llama-lora-a'] }}", "base": "chat"}
@@ -116,6 +118,29 @@ def test_a_flag_change_restarts_only_its_instance_while_the_other_serves(host, s
     assert "--max-model-len 2048" in unit_words(host, "vllm-chat")
     assert counts["sent"] > 0 and counts["failed"] == 0, counts["failures"]
     assert gateway.chat_once(key, CHAT_MODEL, True) == ""
+
+
+def test_a_rollout_whose_gate_fails_puts_back_the_instance_it_changed(host, switched, gateway, key):
+    """rollout.yml changes chat's context and its gate fails (the check is told to require a reasoning answer, which
+    the tiny models never give): chat is rolled back to its previous unit, from the backups of its own run (chat is
+    served before mla, so the last run's backups are mla's, and mla changed nothing); mla keeps its process."""
+    chat_unit = unit_words(host, "vllm-chat")
+    chat_before, mla_before = unit.witness(host, "vllm-chat"), unit.witness(host, "vllm-mla")
+    extra: dict[str, Any] = dict(NO_BENCHMARK, vllm_node_instances=[dict(CHAT, max_model_len=1024), MLA],
+                                 vllm_node_lora_adapters=[SEA_A], inference_check_require_reasoning=True,
+                                 rollout_require_baseline=False)
+    run = playbook.in_scenario("site_e2e", "instances-rollout-rollback", ROLLOUT, extra_vars=extra)
+    record("instances_rollout_rollback_seconds", round(run.seconds, 1))
+    assert run.rc != 0, run.output[-4000:]
+    assert f"Rollout stopped at {HOST}" in run.output, run.output[-4000:]
+    report = json.loads((ARTIFACTS / "rollout" / f"{HOST}.json").read_text())
+    assert (report["outcome"], report["restart_instances"], report["rolled_back"]) == ("failed", ["chat"], True)
+    assert unit_words(host, "vllm-chat") == chat_unit, "chat's previous unit (--max-model-len 2048) is back"
+    assert unit.restarts(host, chat_before, "vllm-chat") == 2, "the change, then the rollback"
+    assert unit.show(host, "vllm-mla", ("MainPID",))["MainPID"] == mla_before["MainPID"]
+    assert unit.restarts(host, mla_before, "vllm-mla") == 0
+    for model in (CHAT_MODEL, MLA_MODEL):
+        assert gateway.chat_once(key, model, False) == "", model
 
 
 def test_a_removed_instance_is_stopped_and_removed_and_the_other_keeps_serving(host, switched, gateway, key):
