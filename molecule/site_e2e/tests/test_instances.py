@@ -123,12 +123,15 @@ def test_a_flag_change_restarts_only_its_instance_while_the_other_serves(host, s
 def test_a_rollout_whose_gate_fails_puts_back_the_instance_it_changed(host, switched, gateway, key):
     """rollout.yml changes chat's context and its gate fails (the check is told to require a reasoning answer, which
     the tiny models never give): chat is rolled back to its previous unit, from the backups of its own run (chat is
-    served before mla, so the last run's backups are mla's, and mla changed nothing); mla keeps its process."""
+    served before mla, so the last run's backups are mla's, and mla changed nothing); mla keeps its process. The
+    rollout drains chat's server at the node's own gateway and puts it back."""
     chat_unit = unit_words(host, "vllm-chat")
     chat_before, mla_before = unit.witness(host, "vllm-chat"), unit.witness(host, "vllm-mla")
     extra: dict[str, Any] = dict(NO_BENCHMARK, vllm_node_instances=[dict(CHAT, max_model_len=1024), MLA],
                                  vllm_node_lora_adapters=[SEA_A], inference_check_require_reasoning=True,
-                                 rollout_require_baseline=False)
+                                 rollout_require_baseline=False,
+                                 # the node's own gateway, where the server of chat's pools is named chat
+                                 rollout_gateway_hosts=[HOST], rollout_gateway_server="chat")
     run = playbook.in_scenario("site_e2e", "instances-rollout-rollback", ROLLOUT, extra_vars=extra)
     record("instances_rollout_rollback_seconds", round(run.seconds, 1))
     assert run.rc != 0, run.output[-4000:]
