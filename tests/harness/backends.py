@@ -23,6 +23,23 @@ class QuietServer(ThreadingHTTPServer):
         return
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """HTTP/1.1 (keep-alive, as vLLM's server) and no request log: the tests read the answers."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: Any) -> None:
+        return
+
+    def send(self, status: int, data: bytes, content_type: str) -> None:
+        """One whole answer with its Content-Length."""
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nobody listens on right now."""
     with socket.socket() as probe:
@@ -70,19 +87,9 @@ class NamedBackend(LoopbackServer):
         """The request handler class bound to this backend."""
         backend = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:   # quiet: the test reads the answers, not a log
-                return
-
+        class Handler(QuietHandler):
             def answer(self) -> None:
-                body = json.dumps({"server": backend.name}).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                self.send(200, json.dumps({"server": backend.name}).encode(), "application/json")
 
             def do_GET(self) -> None:   # noqa: N802 (http.server's name)
                 self.answer()
@@ -179,12 +186,7 @@ class FakeVllm(LoopbackServer):
         """The request handler class bound to this stand-in."""
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                return
-
+        class Handler(QuietHandler):
             def respond(self, method: str) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
@@ -197,12 +199,7 @@ class FakeVllm(LoopbackServer):
                     else:
                         status, payload = fake.answer(method, self.path, body)
                 text = payload if isinstance(payload, str) else json.dumps(payload)
-                data = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain" if isinstance(payload, str) else "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send(status, text.encode(), "text/plain" if isinstance(payload, str) else "application/json")
 
             def do_GET(self) -> None:   # noqa: N802 (http.server's name)
                 self.respond("GET")
@@ -238,12 +235,7 @@ class GaugeVllm(LoopbackServer):
         """The request handler class bound to this stand-in."""
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                return
-
+        class Handler(QuietHandler):
             def do_GET(self) -> None:   # noqa: N802 (http.server's name)
                 if self.path == "/metrics":
                     with fake.lock:
@@ -251,11 +243,7 @@ class GaugeVllm(LoopbackServer):
                         text = fake.metrics()
                 else:
                     text = ""
-                data = text.encode()
-                self.send_response(200 if self.path in ("/health", "/metrics") else 404)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self.send(200 if self.path in ("/health", "/metrics") else 404, text.encode(),
+                          "text/plain; version=0.0.4")
 
         return Handler
