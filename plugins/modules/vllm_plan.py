@@ -190,8 +190,8 @@ options:
     description:
       - Several models on one node (vllm_node_instances); empty = one, from the options above. Each is a mapping
         with name, model, gpus (a count or a list of indices) and the per-model options above (served_model_name,
-        max_model_len, kv_cache_blocks, kv_cache_dtype, gpu_memory_utilization, speculative_config, tensor_parallel_size,
-        port, ...).
+        max_model_len, kv_cache_blocks, kv_cache_dtype, gpu_memory_utilization, speculative_config,
+        tensor_parallel_size, port, ...).
       - Each instance is planned as a single-model node on its own GPUs; RV(plan) is then the split (see RETURN).
     type: list
     elements: dict

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .backends import DTYPE_LABEL, cc_text, cc_tuple, fp8_support_since
 from . import kv_blocks
+from .backends import DTYPE_LABEL, cc_text, cc_tuple, fp8_support_since
 from .context import Sizing
 from .errors import SizingError
 from .kv_layout import build_layout
