@@ -122,6 +122,11 @@ options:
     description: V(auto) or a positive integer.
     type: raw
     default: auto
+  kv_cache_blocks:
+    description: >-
+      The KV cache pinned to this many blocks (vLLM's C(--num-gpu-blocks-override)), a positive integer the memory
+      budget holds; null = the cache the budget holds.
+    type: raw
   enforce_eager:
     description: The service runs with --enforce-eager (no CUDA-graph memory).
     type: raw
@@ -185,7 +190,8 @@ options:
     description:
       - Several models on one node (vllm_node_instances); empty = one, from the options above. Each is a mapping
         with name, model, gpus (a count or a list of indices) and the per-model options above (served_model_name,
-        max_model_len, kv_cache_dtype, gpu_memory_utilization, speculative_config, tensor_parallel_size, port, ...).
+        max_model_len, kv_cache_blocks, kv_cache_dtype, gpu_memory_utilization, speculative_config,
+        tensor_parallel_size, port, ...).
       - Each instance is planned as a single-model node on its own GPUs; RV(plan) is then the split (see RETURN).
     type: list
     elements: dict

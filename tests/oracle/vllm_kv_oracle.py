@@ -8,7 +8,9 @@ per-rank KV cache specs of a model as vLLM's model code would register them, plu
      "available": 1073741824, "max_model_len": 4096, "max_num_batched_tokens": 2048, "dcp": 1,
      "lookahead": 0}
 
-(lookahead: VllmConfig.num_prefill_lookahead_tokens of a speculative drafter)
+(lookahead: VllmConfig.num_prefill_lookahead_tokens of a speculative drafter; optional: "num_gpu_blocks_override":
+N, vLLM's --num-gpu-blocks-override, and "auto_fit": true, max_model_len -1 with max_model_len as the model's maximum,
+answered with the length vLLM's auto-fit chose as "max_model_len")
 
 A request {"mamba2_state": {"tp": 2, "n_groups": 8, "num_heads": 128, "head_dim": 64, "state_size": 128,
 "conv_kernel": 4, "num_spec": 0, "dtype": "bfloat16", "ssm_dtype": "float32"}} is answered {"page": bytes}: one
@@ -48,11 +50,12 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "fp8_e4m3": torc
 def _config(req: dict[str, Any]) -> Any:
     """The attributes of VllmConfig the KV cache planning functions read; the CPU backend's LBHNC layout."""
     ns = types.SimpleNamespace
-    cache = ns(num_gpu_blocks_override=None, prefix_cache_retention_interval=None,
-               get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBHNC,
+    override = req.get("num_gpu_blocks_override")
+    cache = ns(num_gpu_blocks_override=None if override is None else int(override),
+               prefix_cache_retention_interval=None, get_resolved_kv_cache_layout=lambda: KVCacheLayout.LBHNC,
                kv_cache_size_tokens=None, kv_cache_max_concurrency=None)
     length = int(req["max_model_len"])
-    return ns(model_config=ns(max_model_len=length, original_max_model_len=length),
+    return ns(model_config=ns(max_model_len=length, original_max_model_len=-1 if req.get("auto_fit") else length),
               scheduler_config=ns(disable_hybrid_kv_cache_manager=False,
                                   max_num_batched_tokens=int(req["max_num_batched_tokens"])),
               attention_config=ns(hisparse_config=None), cache_config=cache,
@@ -105,14 +108,15 @@ def answer(req: dict[str, Any]) -> dict[str, Any]:
     else:
         error = ""
     # The groups as get_kv_cache_configs builds them (it also applies the drafter's extra retained tokens to
-    # sliding-window specs); they do not depend on the budget, so an unlimited one always yields them.
-    groups = ku.get_kv_cache_configs(cfg, [specs], [1 << 60])[0].kv_cache_groups
+    # sliding-window specs); they do not depend on the budget, so an unlimited one (and no override) yields them.
+    plain = _config({k: v for k, v in req.items() if k not in ("num_gpu_blocks_override", "auto_fit")})
+    groups = ku.get_kv_cache_configs(plain, [specs], [1 << 60])[0].kv_cache_groups
     per_block = ku._pool_bytes_per_block(cfg, groups)
     result: dict[str, Any] = {
         "groups": len(groups), "bytes_per_block": per_block,
         "needed": ku._max_memory_usage_bytes_from_groups(cfg, groups),
         "estimate": ku._estimate_max_model_len_from_groups(cfg, groups, available - per_block),
-        "num_blocks": available // per_block, "error": error}
+        "num_blocks": available // per_block, "error": error, "max_model_len": cfg.model_config.max_model_len}
     if kv_config is not None:
         tokens, concurrency = ku.get_kv_cache_capacity(cfg, kv_config)
         result.update(num_blocks=kv_config.num_blocks, tokens=tokens, concurrency=concurrency)

@@ -10,6 +10,7 @@ order a plan uses them:
     backends, kv_dtype             attention backend per GPU / version; what `auto` KV dtype means
     parallel                       valid TP / DCP, the `auto` TP policy
     kv_layout, kv                  the KV cache layout and the four KV questions
+    kv_blocks                      the KV cache pinned to a number of blocks (--num-gpu-blocks-override)
     inputs, budget                 PlanInputs, the device, the knobs as the inventory gives them (coerced and
                                    checked once); weights / activation / CUDA graphs / utilization
     context, advice, plan          the resolved Sizing; prose and fixes; plan(); node_plan() (the knobs -> the

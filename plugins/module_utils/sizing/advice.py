@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from . import kv_blocks
 from .backends import DTYPE_LABEL, cc_text, cc_tuple, fp8_support_since
 from .context import Sizing
 from .errors import SizingError
@@ -36,8 +37,9 @@ def length_message(s: Sizing) -> str:
     if s.safe <= 0:
         return (f"no KV cache room: {format_bytes(max(s.available, 0))} is available for KV {s.where}; even one "
                 f"{s.layout.block_size}-token block ({format_bytes(s.per_block)}) plus the null block does not fit")
+    pinned = f" in the {s.kv_cache_blocks:,} pinned blocks" if s.kv_cache_blocks is not None else ""
     text = (f"{label} KV needs {format_bytes(s.needed)} {s.where} for {s.chosen_len:,} tokens; "
-            f"{format_bytes(s.available - s.per_block)} is available")
+            f"{format_bytes(s.available - s.per_block)} is available{pinned}")
     return text if not s.len_ok else text + f" (largest safe length {s.safe:,})"
 
 
@@ -93,14 +95,27 @@ def _util_option(s: Sizing) -> FitOptions:
     return FitOptions()
 
 
+def _blocks_option(s: Sizing) -> FitOptions:
+    """With the cache pinned: the pin that holds one request of the chosen length, if the budget holds it."""
+    length = max(s.chosen_len, 1)
+    need = kv_blocks.blocks_for(s.layout, length)
+    if need > s.budget_blocks:
+        return FitOptions()
+    return FitOptions((f"vllm_node_kv_cache_blocks >= {need:,}",),
+                      (f"Raise vllm_node_kv_cache_blocks to at least {need:,}: one request of {length:,} token(s) "
+                       f"plus the null block (the memory budget holds {s.budget_blocks:,}).",))
+
+
 def fit_options(s: Sizing) -> FitOptions:
     """Concrete fixes for a context that does not fit, each checked with the same maths."""
     options: list[FitOptions] = []
-    if s.cuda and not s.kv.dtype.startswith("fp8") and s.kv.dtype != "nvfp4":
-        options.append(_fp8_option(s))
-    if s.cuda and s.par.dcp == 1 and "sliding" not in s.shape.kinds:
-        options.append(_dcp_option(s))
-    if s.cuda:
+    if s.kv_cache_blocks is not None:   # pinned: the pin or the length decides what one request gets
+        options.append(_blocks_option(s))
+    elif s.cuda:
+        if not s.kv.dtype.startswith("fp8") and s.kv.dtype != "nvfp4":
+            options.append(_fp8_option(s))
+        if s.par.dcp == 1 and "sliding" not in s.shape.kinds:
+            options.append(_dcp_option(s))
         options.append(_util_option(s))
     if s.safe > 0:
         nice = _power_of_two_at_most(s.safe)
@@ -201,7 +216,9 @@ def reasons(s: Sizing, len_message: str) -> list[str]:
                 f"Budget: ceil({s.memory.util:g} x {format_bytes(budget.budget_total)}) = "
                 f"{format_bytes(budget.requested)}; "
                 "minus weights, activations" + (", CUDA graphs" if budget.cg_subtracted else "")
-                + f" leaves {format_bytes(s.available)} for the KV cache {s.where}."]
+                + f" leaves {format_bytes(budget.kv)} for the KV cache {s.where}"
+                + (f", of which the {s.kv_cache_blocks:,} pinned blocks take {format_bytes(s.available)}."
+                   if s.kv_cache_blocks is not None else ".")]
     out.append(kv_sentence(s))
     out.append(("Fits: " if s.len_ok else "Does not fit: ") + len_message + ".")
     return out

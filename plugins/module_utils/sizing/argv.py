@@ -33,6 +33,8 @@ def planned_args(s: Sizing, kv_cache_dtype_arg: str) -> list[str]:
     args += ["--kv-cache-dtype", kv_cache_dtype_arg]
     if not is_auto(inputs.block_size):
         args += ["--block-size", str(s.layout.block_size)]
+    if s.kv_cache_blocks is not None:
+        args += ["--num-gpu-blocks-override", str(s.kv_cache_blocks)]
     if inputs.max_num_batched_tokens:
         args += ["--max-num-batched-tokens", str(s.batch.max_num_batched_tokens)]
     if inputs.max_num_seqs:
@@ -79,6 +81,8 @@ _OWNED_FLAGS = {
     "--max-model-len": "vllm_node_max_model_len",
     "--gpu-memory-utilization": "vllm_node_gpu_memory_utilization",
     "--kv-cache-dtype": "vllm_node_kv_cache_dtype",
+    "--num-gpu-blocks-override": "vllm_node_kv_cache_blocks (max-model-len, tokens and concurrency are sized from "
+                                 "the pinned blocks)",
     "--enforce-eager": "preflight_enforce_eager (the cpu device always runs eager)",
     "--shutdown-timeout": "preflight_shutdown_timeout (the unit's TimeoutStopSec follows it)",
     "--block-size": "nothing: the plan uses the attention backend's block size, which the KV estimate depends on",

@@ -39,6 +39,8 @@ class Sizing:
     stage_available: tuple[int, ...] = ()   # KV bytes per GPU of each pipeline stage (available is the bound's)
     bound: int = 0                          # the stage with the fewest KV blocks (vLLM takes the min over ranks)
     startup: tuple[tuple[str, Any], ...] = ()   # the start-up budget (startup.startup_budget), as items
+    kv_cache_blocks: int | None = None      # the KV cache pinned to this many blocks (kv_blocks.py); None: not
+    budget_blocks: int = 0                  # with a pin: the blocks the memory budget would hold at most
 
     @property
     def cuda(self) -> bool:

@@ -41,6 +41,7 @@ class PlanInputs:
     kv_cache_dtype: Any = "auto"
     gpu_memory_utilization: Any = "auto"
     max_model_len: Any = "auto"
+    kv_cache_blocks: Any = None            # --num-gpu-blocks-override: the KV cache pinned to N blocks (kv_blocks.py)
     block_size: Any = None
     max_num_batched_tokens: Any = None
     max_num_seqs: Any = None
@@ -172,6 +173,19 @@ def knob_optional_count(name: str, value: Any, example: str) -> int | None:
     if value is None or (isinstance(value, str) and value.strip().lower() in _NONE):
         return None
     return int(knob_count(name, value, auto=None, example=example))
+
+
+def knob_kv_cache_blocks(value: Any) -> int | None:
+    """vllm_node_kv_cache_blocks (vLLM's --num-gpu-blocks-override): None when unset, else a positive integer."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in _NONE):
+        return None
+    number = _whole(value)
+    if number is None or number < 1:
+        raise SizingError(f"vllm_node_kv_cache_blocks must be a positive integer (vLLM's --num-gpu-blocks-override: "
+                          f"the KV cache blocks to allocate) or null; got {value!r}. Set it to a block count, e.g. "
+                          "-e vllm_node_kv_cache_blocks=2048, or leave it null to size the cache from the memory "
+                          "budget.")
+    return number
 
 
 def knob_fraction(value: Any) -> Any:

@@ -39,8 +39,8 @@ INSTANCE_DEFAULTS: dict[str, Any] = {
     "model_config": {}, "quant_config": {}, "checkpoint_bytes": 0, "served_model_name": "",
     "speculative_config": {}, "tensor_parallel_size": "auto", "pipeline_parallel_size": 1,
     "decode_context_parallel_size": "auto", "kv_cache_dtype": "auto", "gpu_memory_utilization": "auto",
-    "max_model_len": "auto", "enable_lora": False, "max_loras": None, "max_lora_rank": None, "model_dir": "",
-    "extra_args": [], "extra_environment": {}, "start_timeout": None,
+    "max_model_len": "auto", "kv_cache_blocks": None, "enable_lora": False, "max_loras": None, "max_lora_rank": None,
+    "model_dir": "", "extra_args": [], "extra_environment": {}, "start_timeout": None,
 }
 INSTANCE_KEYS = ("name", "model", "gpus", "port", *INSTANCE_DEFAULTS)
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")

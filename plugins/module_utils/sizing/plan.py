@@ -6,19 +6,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import instances as split
-from . import lora, speculative, warmstart
+from . import kv_blocks, lora, speculative, warmstart
 from .advice import checks, fit_options, headroom_advice, length_message, reasons
 from .argv import ServiceInputs, planned_args, planned_environment, service_command
-from .budget import bounding_stage, cpu_budget, cuda_budget, resolve_batch
+from .budget import Batch, MemoryBudget, bounding_stage, cpu_budget, cuda_budget, resolve_batch
 from .context import Sizing
 from .errors import SizingError, refuse_unknown_keywords
 from .inputs import (
+    Device,
     GpuRequest,
     ModelRequest,
     PlanInputs,
     knob_bool,
     knob_count,
     knob_fraction,
+    knob_kv_cache_blocks,
     knob_kv_cache_dtype,
     knob_optional_count,
     knob_partition,
@@ -30,9 +32,9 @@ from .inputs import (
     resolve_model,
 )
 from .kv_dtype import choose_kv_dtype, kv_dtype_arg
-from .kv_layout import LayoutInputs, build_layout, pp_stages
-from .model import model_shape, require_max_len
-from .parallel import resolve_parallel
+from .kv_layout import KVLayout, LayoutInputs, build_layout, pp_stages
+from .model import ModelShape, model_shape, require_max_len
+from .parallel import Parallel, resolve_parallel
 from .startup import startup_budget
 from .units import GiB, is_auto, to_int
 from .versions import rule, version_tuple
@@ -67,6 +69,22 @@ def _chosen_length(inputs: PlanInputs, requested: int | None, safe: int, model_m
     return chosen, []
 
 
+def _pinned(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device: Device, par: Parallel, batch: Batch,
+            memory: MemoryBudget, stage_available: tuple[int, ...], blocks: int) -> tuple[tuple[int, ...], int]:
+    """The stages' KV bytes pinned to `blocks` (vllm_node_kv_cache_blocks) and the blocks the budget holds at most:
+    on cuda at the utilization given, or (auto) at the highest the plan would choose; on cpu VLLM_CPU_KVCACHE_SPACE."""
+    if device.kind == "cuda":
+        ceiling = memory if not memory.util_auto else \
+            cuda_budget(inputs, shape, layout, device, par, batch, [1 << 62] * par.pp)
+        text = (f"--gpu-memory-utilization {ceiling.util:g}" + (" (the highest auto chooses)" if memory.util_auto
+                                                                 else ""))
+        most = tuple(b.kv for b in ceiling.stages)
+    else:
+        text, most = f"VLLM_CPU_KVCACHE_SPACE={device.total // GiB} GiB", stage_available
+    where = "per GPU" if device.kind == "cuda" else "per rank"
+    return kv_blocks.pin(layout, stage_available, most, blocks, text, where), kv_blocks.budget_blocks(layout, most)
+
+
 def size(inputs: PlanInputs) -> Sizing:
     """Resolve the device, parallelism, KV dtype, layout, memory budget and context length."""
     rel, version = inputs.releases, inputs.vllm_version
@@ -91,11 +109,14 @@ def size(inputs: PlanInputs) -> Sizing:
     requested = None if is_auto(inputs.max_model_len) else to_int("max_model_len", inputs.max_model_len)
     target_len = min(requested or model_max, model_max) if requested else model_max
     per_block = layout.worst_block_bytes()
+    blocks = knob_kv_cache_blocks(inputs.kv_cache_blocks)
     if device.kind == "cuda":
         needs = [layout.needed_bytes(target_len, st) + layout.bytes_per_block(st) if st in layout.active_stages()
                  else 0 for st in range(par.pp)]
         if par.pp == 1:   # one stage: the null block of the most loaded stage, as always
             needs = [layout.needed_bytes(target_len) + per_block]
+        if blocks is not None:   # pinned: the budget must hold the pinned blocks, whatever the length
+            needs = [blocks * layout.bytes_per_block(st) for st in range(par.pp)]
         memory = cuda_budget(inputs, shape, layout, device, par, batch, needs)
         assert memory.budget is not None
         weights, available = memory.budget.weights, memory.budget.kv
@@ -110,13 +131,19 @@ def size(inputs: PlanInputs) -> Sizing:
         bound = bounding_stage(layout, stage_available)
         weights = stage_weights[bound]
     notes.extend(memory.notes)
+    fit = 0
+    if blocks is not None:
+        stage_available, fit = _pinned(inputs, shape, layout, device, par, batch, memory, stage_available, blocks)
+        available = stage_available[bound]
+        notes.append(kv_blocks.pinned_note(layout, blocks, fit, "per GPU" if device.kind == "cuda" else "per rank"))
     safe = layout.estimate_max_model_len(stage_available, model_max) if available > 0 else 0
     chosen, length_notes = _chosen_length(inputs, requested, safe, model_max, layout.block_size, device.kind == "cuda")
     # The start-up budget follows the heaviest stage: every rank loads at once, the slowest decides.
     startup = startup_budget(max(stage_weights), device.kind, inputs.load_mib_per_second)
     return Sizing(inputs, shape, model_max, device, par, kv, batch, layout_inputs, layout, memory, weights,
                   available, per_block, formula, requested, chosen, safe, tuple(notes + length_notes),
-                  stage_weights, stage_available, bound, tuple(startup.items()))
+                  stage_weights, stage_available, bound, tuple(startup.items()), kv_cache_blocks=blocks,
+                  budget_blocks=fit)
 
 
 def plan(inputs: PlanInputs) -> dict[str, Any]:
@@ -183,6 +210,8 @@ def _document(s: Sizing, fits: bool, plan_checks: list[dict[str, Any]], plan_rea
           "num_blocks": int(layout.num_blocks(s.per_stage)) if s.available > 0 else 0,
           "bytes_per_block": int(s.per_block), "backend": layout.backend.name, "groups": len(layout.groups),
           "max_num_batched_tokens": s.batch.max_num_batched_tokens}
+    if s.kv_cache_blocks is not None:   # only when pinned: plans without the knob keep their exact shape
+        kv.update(num_blocks_override=s.kv_cache_blocks, budget_num_blocks=s.budget_blocks)
     document = {
         "fits": bool(fits),
         "model": inputs.model_key, "repo": inputs.repo,
@@ -217,7 +246,8 @@ _NODE_PLAN_ARGS = (
     "releases", "gpu", "gpus", "detected_gpus", "gpu_source", "cpu_kv_cache_space_gib", "gpu_count", "host",
     "vllm_version", "vllm_variant",
     "tensor_parallel_size", "pipeline_parallel_size", "node_count", "pp_layer_partition", "load_mib_per_second",
-    "decode_context_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len", "enforce_eager",
+    "decode_context_parallel_size", "kv_cache_dtype", "gpu_memory_utilization", "max_model_len", "kv_cache_blocks",
+    "enforce_eager",
     "enable_lora", "max_loras", "max_lora_rank", "lora_adapters", "cpu_amx", "model_root", "model_dir",
     "listen_address", "port",
     "extra_args", "extra_environment", "start_timeout", "shutdown_timeout", "instances", "topology",
@@ -261,6 +291,7 @@ def _knobs(args: Mapping[str, Any]) -> dict[str, Any]:
                                                    args.get("decode_context_parallel_size", "auto"), example="2"),
         "gpu_memory_utilization": knob_fraction(args.get("gpu_memory_utilization", "auto")),
         "max_model_len": knob_count("max_model_len", args.get("max_model_len", "auto"), example="131072"),
+        "kv_cache_blocks": knob_kv_cache_blocks(args.get("kv_cache_blocks")),
         "enforce_eager": knob_bool("preflight_enforce_eager", args.get("enforce_eager", False)),
         "enable_lora": knob_bool("enable_lora", args.get("enable_lora", False)),
         "max_loras": knob_optional_count("max_loras", args.get("max_loras"), "2"),

@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 import sizing_groundtruth as gt
 from ansible_collections.vllm_node.vllm_node.plugins.module_utils import sizing as vm
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils.sizing import kv_blocks
 from repo_root import ROOT
 
 ORACLE = ROOT / "tests" / "oracle" / "vllm_kv_oracle.py"
@@ -172,6 +173,35 @@ def test_engine_agrees_with_vllms_own_kv_cache_code(oracle, layout, available, l
     assert got["tokens"] == want["tokens"]
     assert got["concurrency"] == want["concurrency"]
     assert got["printed"] == round(want["concurrency"], 2)
+
+
+@settings(max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout=layouts(), available=st.integers(1 << 20, 8 << 30), length=st.integers(1, 1 << 17),
+       blocks=st.integers(1, 1 << 15), auto_fit=st.booleans(), mnbt=st.sampled_from([256, 2048, 8192]))
+def test_a_pinned_cache_agrees_with_vllms_num_gpu_blocks_override(oracle, layout, available, length, blocks, auto_fit,
+                                                                  mnbt):
+    """--num-gpu-blocks-override (vllm_node_kv_cache_blocks): the profiled memory is replaced by blocks x bytes per
+    block, and vLLM's auto-fit (auto_fit: the length is the model's maximum), its admission check, the pool's blocks,
+    the logged tokens and concurrency all follow; the plan's pinned bytes give the same numbers, whatever the
+    memory vLLM profiled (vLLM does not compare the two; the plan refuses a pin above the budget before this)."""
+    config, kw, specs = layout
+    lookahead = specs.pop()["lookahead"] if specs and "lookahead" in specs[-1] else 0
+    want = oracle.ask({"layers": specs, "available": available, "max_model_len": length,
+                       "max_num_batched_tokens": mnbt, "lookahead": lookahead, "num_gpu_blocks_override": blocks,
+                       "auto_fit": auto_fit})
+    args = dict(kw, device="cpu", vllm_version=VERSION, releases=RELEASES, max_num_batched_tokens=mnbt)
+    layout = vm.kv_layout(config, **args)
+    (pinned,) = kv_blocks.pinned_bytes(layout, (available,), blocks)
+    chosen = layout.estimate_max_model_len(pinned, length) if auto_fit else length
+    fits = chosen > 0 and layout.needed_bytes(chosen) <= pinned - layout.worst_block_bytes()
+    context = f"{kw}, length {length}, auto_fit {auto_fit}, blocks {blocks}, batched {mnbt}, specs {specs}"
+    assert fits == (not want["error"]), f"engine fits={fits}, vLLM: {want['error'] or 'starts'} ({context})"
+    if not fits:
+        return
+    assert chosen == want["max_model_len"], context
+    assert layout.num_blocks(pinned) == want["num_blocks"] == blocks, context
+    assert vm.kv_cache_tokens(config, pinned, chosen, **args) == want["tokens"], context
+    assert layout.max_concurrency(pinned, chosen) == want["concurrency"], context
 
 
 @settings(max_examples=max(EXAMPLES // 3, 20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
