@@ -5,15 +5,19 @@ nodes and, where it matters, a client loop sending chat completions through the 
 The sequence (file order; pytest -x, each step starts from the state the one before left):
   01 the converge left both nodes on 0.31.0 behind the gateway, both UP in HAProxy
   02 from outside the fleet network (fleet-client, on the front network only) only the gateway's port answers
-  03 rollout to vLLM 0.32.0 under the client loop: 0 failed requests, both nodes on 0.32.0, one restart each, a
-     long generation in flight when each node's drain began; the canary published its compile caches and the
-     second node started with them (it had none of its own: received the archive's bytes), each node's
-     start-to-healthy (its gate's inference check report) recorded, the second's against the canary's
-  04 the same rollout again: no restart (MainPID unchanged), no drain, both reports "unchanged"
-  05 a serving flag change (max-model-len lowered by a quarter) with a flag vLLM refuses on the second node only,
+  03 conversations (issue 31): the same multi-turn workload without a key (least connections) and with one
+     (affinity): prefix-cache hit rate (per replica from vLLM's counters, per turn from the answers) and time to
+     first token of both; then more clients than the gateway's limits: only 200 or 429 with Retry-After
+  04 rollout to vLLM 0.32.0 under the client loop and the conversations: 0 failed requests, both nodes on 0.32.0,
+     one restart each, a long generation in flight when each node's drain began; the hit rate's recovery after it;
+     the canary published its compile caches and the second node started with them (it had none of its own:
+     received the archive's bytes), each node's start-to-healthy (its gate's inference check report) recorded, the
+     second's against the canary's
+  05 the same rollout again: no restart (MainPID unchanged), no drain, both reports "unchanged"
+  06 a serving flag change (max-model-len lowered by a quarter) with a flag vLLM refuses on the second node only,
      under the client loop: the first node serves the change, the second is rolled back and serving, the play fails
      naming it and the cause, 0 failed requests, a long generation in flight when each drain began
-The client loop (steps 03 and 05): 8 concurrent clients through the gateway, streamed and not in turn. Six send short
+The client loop (steps 04 and 06): 8 concurrent clients through the gateway, streamed and not in turn. Six send short
 completions with a think time between two; two send long generations (as many tokens as the smallest max-model-len
 in force leaves, ignore_eos) back to back, the second started later, only from shortly before each drain until it
 began (the gate: gate_rules), so some are in flight when each drain begins and none while the nodes converge.
@@ -27,16 +31,20 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import statistics
 import tarfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from ansible_collections.vllm_node.vllm_node.plugins.module_utils import vllm_metrics
 from harness import api, haproxy, playbook
+from harness import conversations as conv
 from harness.clients import Client, ClientLoop
 from harness.figures import Figures
 from harness.node import inference_check
@@ -66,7 +74,7 @@ CLIENT_MAX_SECONDS = 3600
 # engines busy for the whole rollout and took over half of the CI machine's CPU (docs/measurements.md).
 SHORT_TOKENS, SHORT_CLIENTS, SHORT_THINK = 8, 6, 3.0
 # No think time between long generations: two that end together (vLLM batches them) left a 1 s gap with none in
-# flight, and step 05's second drain began in it.
+# flight, and step 06's second drain began in it.
 LONG_CLIENTS, LONG_THINK, LONG_STAGGER = 2, 0.0, 8.0
 # Where the rollout's log opens and closes the long generations' gate, so that they run ~10-30 s before each drain
 # (on an idle machine) and not while nodes converge. Open: the first time the service role checks its plan (the check
@@ -81,10 +89,30 @@ PROMPT_MARGIN = 128       # tokens of max-model-len left for the prompt and the 
 DRAIN_TIMEOUT = yaml.safe_load((PROJECT / "roles" / "rollout" / "defaults" / "main.yml").read_text())[
     "rollout_drain_timeout"]
 # Where the rollout leaves the canary's packed compile caches, one archive per key (rollout_cache_store's default:
-# beside the reports). Emptied before step 03: an archive of an earlier run would reach the canary itself.
+# beside the reports). Emptied before step 04: an archive of an earlier run would reach the canary itself.
 CACHE_STORE = PROJECT / "artifacts" / "rollout" / "compile-cache"
 # Whole seconds (the report's systemd timestamps) against the witness's microseconds, and the report's own rounding.
 START_SLACK_S = 2.0
+
+# The conversations (issue 31; steps 03 and 04): CONVERSATIONS keys, half of them on each replica (balanced_keys),
+# each with its own system prompt of SYSTEM_WORDS words (~1,400 tiny-llama tokens) and chats of TURNS turns of
+# USER_WORDS words answered in ANSWER_TOKENS tokens, CONV_CONCURRENCY at a time, CONV_ROUNDS rounds (two chats each).
+# The nodes' KV cache is pinned (group_vars/vllm_nodes/conversations.yml) a little under what half of the
+# conversations need at their longest: with affinity each replica keeps most of its half cached; least connections
+# sends every conversation to both, and each replica's cache turns over before most of them come back.
+CONVERSATIONS, TURNS, SYSTEM_WORDS, USER_WORDS, ANSWER_TOKENS = 32, 6, 200, 10, 16
+CONV_CONCURRENCY, CONV_ROUNDS, CONV_MAX_SECONDS = 8, 12, 900
+# The conversations beside the step 04 rollout: fewer at a time (the client loop runs too), until it ends and the
+# hit rate is back (RECOVERY_SHARE of its level before the first drain), at most RECOVERY_MAX_S after the rollout.
+ROLLOUT_CONV_CONCURRENCY, RECOVERY_SHARE, RECOVERY_MAX_S = 4, 0.9, 300
+# Keys tried (in order) until each replica has CONVERSATIONS / 2 of them: the consistent hash splits a few dozen
+# keys unevenly (15/5 of 20 happens), and the comparison is about the caches, not about the ring's balance.
+KEY_CANDIDATES = 6 * CONVERSATIONS
+AFFINITY_HEADER = yaml.safe_load((PROJECT / "roles" / "gateway" / "defaults" / "main.yml").read_text())[
+    "gateway_affinity_header"]
+# Saturation: more clients than the gateway admits (group_vars/gateways.yml: connections per server and queue), each
+# sending SATURATION_REQUESTS completions of SATURATION_TOKENS tokens, waiting Retry-After after a 429.
+SATURATION_CLIENTS, SATURATION_REQUESTS, SATURATION_TOKENS, SATURATION_MAX_S = 60, 3, 64, 600
 
 testinfra_hosts = [f"ansible://{NODES[0]}"]
 
@@ -98,7 +126,7 @@ STATE: dict[str, Any] = {"vars": {}}
 def rollout(step: str, extra_vars: dict[str, Any], timeout: int = 3600) -> tuple[int, str, float]:
     """Run playbooks/rollout.yml with these extra vars; (rc, output, seconds). The output is kept in
     artifacts/fleet/<step>.log."""
-    # step 04 reads the skipped drain
+    # step 05 reads the skipped drain
     return playbook.in_scenario("fleet", step, "playbooks/rollout.yml", extra_vars=extra_vars, timeout=timeout,
                                 env=playbook.environment(ANSIBLE_DISPLAY_SKIPPED_HOSTS="true"))
 
@@ -245,6 +273,135 @@ def check_load(client: dict[str, Any], drains: dict[str, dict[str, Any]]) -> Non
     assert longest < DRAIN_TIMEOUT, f"a long generation took {longest} s, rollout_drain_timeout is {DRAIN_TIMEOUT}"
 
 
+def gateway_send(body: dict[str, Any], headers: dict[str, str]) -> conv.Answer:
+    """One streamed chat completion through the gateway, as a client outside the fleet sends it."""
+    return conv.stream_answer(FRONT.connection(300), body, {"Authorization": f"Bearer {KEY}", **headers})
+
+
+def affinity_requests() -> dict[str, int]:
+    """Requests HAProxy has sent each node through the affinity backend so far (its stot)."""
+    servers = haproxy.servers(haproxy.runtime_command_on(machine(GATEWAY), SOCKET, "show stat"), "vllm_affinity")
+    return {name: int(servers[name]["stot"]) for name in NODES}
+
+
+def balanced_keys(model: str) -> tuple[list[conv.Conversation], dict[str, list[str]]]:
+    """CONVERSATIONS conversations, half of their keys on each replica: one short keyed request per candidate key,
+    one at a time on an idle gateway (so the bounded load never moves it), and HAProxy's counters say where it went."""
+    home: dict[str, list[str]] = {name: [] for name in NODES}
+    candidates = conv.conversations(KEY_CANDIDATES, SYSTEM_WORDS, "conversation")
+    chosen, before = [], affinity_requests()
+    for candidate in candidates:
+        answer = gateway_send({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+                              {AFFINITY_HEADER: candidate.key})
+        assert answer.status == 200 and not answer.error, (candidate.key, answer)
+        after = affinity_requests()
+        went, before = [name for name, count in after.items() if count > before[name]], after
+        assert len(went) == 1, (candidate.key, went)
+        if len(home[went[0]]) < CONVERSATIONS // 2:
+            home[went[0]].append(candidate.key)
+            chosen.append(candidate)
+        if len(chosen) == CONVERSATIONS:
+            return chosen, home
+    raise AssertionError(f"{KEY_CANDIDATES} keys did not give {CONVERSATIONS // 2} per replica: {home}")
+
+
+def prefix_counters() -> dict[str, dict[str, float | None]]:
+    """Each node's prefix-cache counters since its vLLM started (queries, hits: prompt tokens)."""
+    return {name: vllm_metrics.prefix_cache(node_get(machine(name), name, "/metrics")[1]) for name in NODES}
+
+
+def replica_hit_rates(before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Per node between two reads of prefix_counters: prompt tokens looked up, found cached, and their ratio."""
+    out = {}
+    for name in NODES:
+        queries = (after[name]["queries"] or 0) - (before[name]["queries"] or 0)
+        hits = (after[name]["hits"] or 0) - (before[name]["hits"] or 0)
+        out[name] = {"queries": int(queries), "hits": int(hits),
+                     "hit_rate": round(hits / queries, 4) if queries else None}
+    return out
+
+
+def conversation_phase(model: str, convs: list[conv.Conversation], keyed: bool) -> dict[str, Any]:
+    """CONV_ROUNDS rounds of the conversations with the affinity key or without it: the clients' summary (hit rate
+    and time to first token) over every turn and without the first round (nothing is cached yet either way), and
+    each replica's counters over the phase."""
+    loop = conv.ConversationLoop(gateway_send, model, convs, turns=TURNS, concurrency=CONV_CONCURRENCY,
+                                 user_words=USER_WORDS, answer_tokens=ANSWER_TOKENS,
+                                 header=AFFINITY_HEADER if keyed else None, max_rounds=CONV_ROUNDS,
+                                 max_seconds=CONV_MAX_SECONDS, seed="keyed" if keyed else "plain")
+    before, start = prefix_counters(), time.monotonic()
+    every = loop.run()
+    seconds, after = time.monotonic() - start, prefix_counters()
+    name = "affinity" if keyed else "leastconn"
+    (ARTIFACTS / f"conversations-{name}.json").write_text(json.dumps(loop.dump(), indent=1) + "\n")
+    return {"seconds": round(seconds, 1), "all_turns": every,
+            "after_first_round": conv.summary([t for t in loop.records if t.round > 0]),
+            "replicas": replica_hit_rates(before, after), "rounds": [r["hit_rate"] for r in loop.rounds]}
+
+
+def saturate(model: str) -> dict[str, Any]:
+    """SATURATION_CLIENTS clients at once through the gateway, each SATURATION_REQUESTS completions (after a 429 it
+    waits the Retry-After it was given): every answer's status and whether a 429 carried Retry-After."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Count to five."}],
+            "max_tokens": SATURATION_TOKENS, "ignore_eos": True}
+    deadline = time.monotonic() + SATURATION_MAX_S
+    answers: list[conv.Answer] = []
+
+    def client(_index: int) -> list[conv.Answer]:
+        mine = []
+        for _ in range(SATURATION_REQUESTS):
+            if time.monotonic() > deadline:
+                break
+            answer = gateway_send(body, {})
+            mine.append(answer)
+            if answer.status == 429:
+                time.sleep(float(answer.retry_after or 1))
+        return mine
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(SATURATION_CLIENTS) as pool:
+        for mine in pool.map(client, range(SATURATION_CLIENTS)):
+            answers.extend(mine)
+    statuses: dict[str, int] = {}
+    for answer in answers:
+        ok = (answer.status == 200 and not answer.error) or answer.status == 429
+        label = str(answer.status) if ok else f"{answer.status}: {answer.error[:80]}"
+        statuses[label] = statuses.get(label, 0) + 1
+    seconds_200 = [a.seconds for a in answers if a.status == 200 and not a.error]
+    return {"seconds": round(time.monotonic() - start, 1), "requests": len(answers), "statuses": statuses,
+            "429_without_retry_after": sum(1 for a in answers if a.status == 429 and not a.retry_after),
+            "retry_after": sorted({a.retry_after for a in answers if a.status == 429 and a.retry_after}),
+            "ok_seconds": {"p50": round(statistics.median(seconds_200), 2) if seconds_200 else None,
+                           "max": round(max(seconds_200), 2) if seconds_200 else None}}
+
+
+def conversations_beside(model: str) -> conv.ConversationLoop:
+    """Step 03's conversations (with their key) continued beside a rollout, until stopped."""
+    return conv.ConversationLoop(gateway_send, model, STATE["conversations"], turns=TURNS,
+                                 concurrency=ROLLOUT_CONV_CONCURRENCY, user_words=USER_WORDS,
+                                 answer_tokens=ANSWER_TOKENS, header=AFFINITY_HEADER, max_rounds=10_000,
+                                 max_seconds=3600 + RECOVERY_MAX_S, seed="rollout")
+
+
+def hit_rate_recovery(talks: conv.ConversationLoop, reports: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The conversations' hit rate before the first drain (the median of the rounds that ended before it, the first
+    two left out: the saturation's prompts evicted some conversations), its lowest round during the rollout, and
+    how fast it came back after the last node was put back in the pool (waiting for that at most RECOVERY_MAX_S)."""
+    first_drain = min(float(rep["times"]["drain"]) for rep in reports.values())
+    back = max(float(rep["times"]["enabled"]) for rep in reports.values())
+    before = [r["hit_rate"] for r in talks.rounds if r["end"] <= first_drain and r["hit_rate"] is not None][2:]
+    assert len(before) >= 3, f"only {len(before)} rounds of conversations before the first drain: {talks.rounds[:5]}"
+    steady = statistics.median(before)
+    deadline = time.monotonic() + RECOVERY_MAX_S
+    came_back = conv.recovery(talks.rounds, back, steady, RECOVERY_SHARE)
+    while came_back["rounds"] is None and time.monotonic() < deadline:
+        time.sleep(2)
+        came_back = conv.recovery(talks.rounds, back, steady, RECOVERY_SHARE)
+    during = [r["hit_rate"] for r in talks.rounds if first_drain <= r["start"] <= back and r["hit_rate"] is not None]
+    return {"steady": steady, "steady_rounds": len(before), "lowest_during": min(during) if during else None,
+            "rounds_during": len(during), "recovery": came_back}
+
+
 @pytest.fixture(scope="module")
 def model() -> str:
     return served(NODES[0])["id"]
@@ -301,7 +458,35 @@ def test_02_only_the_gateway_answers_outside_the_fleet_network():
     assert not any(nodes.values()), [t for t, ok in nodes.items() if ok]
 
 
-def test_03_rollout_to_0_32_0_under_load(model):
+def test_03_conversations_keep_their_prefix_cache_with_affinity_and_saturation_is_refused_with_429(model):
+    """The same conversations without a key (least connections) and with one (consistent hash, bounded load): with
+    affinity the hit rate at least twice least connections' (each replica's higher) and the time to first token's
+    p50 lower; no turn fails either way. Then more clients than the gateway admits: only 200 or 429 with
+    Retry-After."""
+    convs, home = balanced_keys(model)
+    STATE["conversations"] = convs
+    leastconn = conversation_phase(model, conv.conversations(CONVERSATIONS, SYSTEM_WORDS, "leastconn"), keyed=False)
+    affinity = conversation_phase(model, convs, keyed=True)
+    saturation = saturate(model)
+    FIGURES.record("03-conversations", dict(keys_per_replica={name: len(keys) for name, keys in home.items()},
+                                            leastconn=leastconn, affinity=affinity, saturation=saturation))
+    for phase in (leastconn, affinity):
+        assert phase["all_turns"]["failed"] == 0 and phase["all_turns"]["refused_429"] == 0, phase["all_turns"]
+        assert phase["all_turns"]["answered"] == CONVERSATIONS * CONV_ROUNDS, phase["all_turns"]
+    plain, keyed = leastconn["after_first_round"], affinity["after_first_round"]
+    assert keyed["hit_rate"] >= 2 * plain["hit_rate"], (
+        f"affinity's hit rate {keyed['hit_rate']} is not twice least connections' {plain['hit_rate']}")
+    for name in NODES:
+        ours, theirs = affinity["replicas"][name]["hit_rate"], leastconn["replicas"][name]["hit_rate"]
+        assert ours is not None and theirs is not None and ours > theirs, (name, ours, theirs)
+    assert keyed["ttft_ms"]["p50"] < plain["ttft_ms"]["p50"], (keyed["ttft_ms"], plain["ttft_ms"])
+    statuses = saturation["statuses"]
+    assert set(statuses) <= {"200", "429"}, statuses
+    assert statuses.get("429", 0) > 0, f"{SATURATION_CLIENTS} clients did not reach the gateway's limits: {statuses}"
+    assert statuses.get("200", 0) > 0 and saturation["429_without_retry_after"] == 0, saturation
+
+
+def test_04_rollout_to_0_32_0_under_load(model):
     STATE["vars"] = {"vllm_node_vllm_version": "0.32.0"}
     before = {name: witness(machine(name)) for name in NODES}
     gateway_clock = machine(GATEWAY).check_output("date +%s").strip()
@@ -309,22 +494,34 @@ def test_03_rollout_to_0_32_0_under_load(model):
     long_tokens = min(served(name)["max_model_len"] for name in NODES) - PROMPT_MARGIN
     for stale in CACHE_STORE.glob("*.tar.gz"):
         stale.unlink()
-    rc, output, seconds, client, loop = under_load("03-rollout-0.32.0", STATE["vars"], model, long_tokens)
+    talks = conversations_beside(model)
+    talks.start()
+    try:
+        rc, output, seconds, client, loop = under_load("04-rollout-0.32.0", STATE["vars"], model, long_tokens)
+        reports = {name: report(name) for name in NODES}
+        recovered = hit_rate_recovery(talks, reports) if rc == 0 else {}
+    finally:
+        talked = talks.stop(timeout=300)
+    (ARTIFACTS / "conversations-04-rollout.json").write_text(json.dumps(talks.dump(), indent=1) + "\n")
     after = {name: witness(machine(name)) for name in NODES}
     stot_after = gateway_servers()
     drains = haproxy_log_since(gateway_clock)
-    reports = {name: report(name) for name in NODES}
     drained = drain_figures(loop, reports)
-    FIGURES.record("03-rollout-0.32.0", dict(
+    FIGURES.record("04-rollout-0.32.0", dict(
         rc=rc, seconds=round(seconds, 1), long_tokens=long_tokens, client=client,
+        conversations={k: v for k, v in talked.items() if k != "failures"}, hit_rate=recovered,
         nodes={name: {"restarts": restarts(machine(name), before[name]), **stop_start_seconds(after[name]),
                       "drain": drained.get(name),
                       "out_of_pool_s": reports[name]["seconds"]["out_of_pool"],
                       "gateway_requests": int(stot_after[name]["stot"]) - int(stot_before[name]["stot"])}
                for name in NODES},
         haproxy_log=drains[:12]))
-    assert rc == 0, f"rollout failed; see {playbook.scenario_log('fleet', '03-rollout-0.32.0')}\n{output[-3000:]}"
+    assert rc == 0, f"rollout failed; see {playbook.scenario_log('fleet', '04-rollout-0.32.0')}\n{output[-3000:]}"
     check_load(client, drained)
+    assert talked["failed"] == 0 and talked["refused_429"] == 0, talked
+    assert recovered["recovery"]["rounds"] is not None, (
+        f"the conversations' hit rate did not come back to {RECOVERY_SHARE} x {recovered['steady']} within "
+        f"{RECOVERY_MAX_S} s of the rollout's end: {recovered}")
     for name in NODES:
         assert served(name)["version"] == "0.32.0"
         assert restarts(machine(name), before[name]) == 1, name
@@ -340,7 +537,7 @@ def test_03_rollout_to_0_32_0_under_load(model):
     first, second = (starts[name]["start_to_healthy_s"] for name in NODES)
     carried = archive_files(archive, canary["key"]) if archive.exists() else {}
     held = {name: cache_files(name) for name in NODES}
-    FIGURES.record("03-warm-restart", dict(
+    FIGURES.record("04-warm-restart", dict(
         compile_cache={name: reports[name]["compile_cache"] for name in NODES},
         archive_bytes=archive.stat().st_size if archive.exists() else None,
         archive_files=len(carried), archive_file_bytes=sum(carried.values()), archive_paths=sorted(carried)[:20],
@@ -360,14 +557,14 @@ def test_03_rollout_to_0_32_0_under_load(model):
     STATE["drain_logged"] = any("drain" in line.lower() for line in drains)
 
 
-def test_04_a_rollout_that_changes_nothing_restarts_and_drains_nothing():
+def test_05_a_rollout_that_changes_nothing_restarts_and_drains_nothing():
     before = {name: witness(machine(name)) for name in NODES}
     gateway_clock = machine(GATEWAY).check_output("date +%s").strip()
-    rc, output, seconds = rollout("04-unchanged", STATE["vars"])
+    rc, output, seconds = rollout("05-unchanged", STATE["vars"])
     after = {name: witness(machine(name)) for name in NODES}
     drain_tasks = [f"{status}:{host}"
                    for status, host in playbook.task_results(output, "Drain the node at the gateways")]
-    FIGURES.record("04-unchanged", dict(
+    FIGURES.record("05-unchanged", dict(
         rc=rc, seconds=round(seconds, 1), drain_task=drain_tasks,
         main_pid={name: [before[name]["MainPID"], after[name]["MainPID"]] for name in NODES}))
     assert rc == 0, output[-3000:]
@@ -376,26 +573,27 @@ def test_04_a_rollout_that_changes_nothing_restarts_and_drains_nothing():
         assert restarts(machine(name), before[name]) == 0, name
         assert report(name)["outcome"] == "unchanged"
     assert drain_tasks and all(result.startswith("skipping:") for result in drain_tasks), drain_tasks
-    if STATE.get("drain_logged"):  # HAProxy logged step 03's drains: none now
+    if STATE.get("drain_logged"):  # HAProxy logged step 04's drains: none now
         assert not [line for line in haproxy_log_since(gateway_clock) if "drain" in line.lower()]
 
 
-def test_05_a_node_that_fails_is_rolled_back_and_the_play_stops_naming_it(model):
+def test_06_a_node_that_fails_is_rolled_back_and_the_play_stops_naming_it(model):
     """max-model-len lowered by a quarter on the fleet; the second node also gets a flag vLLM refuses. The first node
     serves the change, the second fails to start, is rolled back (serving its previous configuration) and put back.
     The long generations fit the lower max-model-len (the first node serves it while the loop runs)."""
     before_len = served(NODES[1])["max_model_len"]
     lower = before_len - before_len // 4
     change = {"vllm_node_max_model_len": lower}
-    once = {"vllm_node_extra_args": "{{ ['" + BAD_FLAG + "'] if inventory_hostname == '" + NODES[1] + "' else [] }}"}
+    once = {"vllm_node_extra_args": "{{ fleet_vllm_extra_args + (['" + BAD_FLAG + "'] if inventory_hostname == '"
+                                    + NODES[1] + "' else []) }}"}
     before = {name: witness(machine(name)) for name in NODES}
-    rc, output, seconds, client, loop = under_load("05-failure-on-node2", dict(STATE["vars"], **change, **once), model,
+    rc, output, seconds, client, loop = under_load("06-failure-on-node2", dict(STATE["vars"], **change, **once), model,
                                                    lower - PROMPT_MARGIN)
     after = {name: witness(machine(name)) for name in NODES}
     reports = {name: report(name) for name in NODES}
     drained = drain_figures(loop, reports)
     first, second = served(NODES[0]), served(NODES[1])
-    FIGURES.record("05-failure-on-node2", dict(
+    FIGURES.record("06-failure-on-node2", dict(
         rc=rc, seconds=round(seconds, 1), long_tokens=lower - PROMPT_MARGIN, client=client,
         nodes={name: {"restarts": restarts(machine(name), before[name]), **stop_start_seconds(after[name]),
                       "outcome": reports[name]["outcome"], "cause": reports[name]["cause"][:300],

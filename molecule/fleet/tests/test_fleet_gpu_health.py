@@ -5,7 +5,7 @@ cleared the node comes back by itself and gets requests again. Nothing here talk
 
 The simulation's boundary: the node's dmesg stand-in (tests/fixtures/gpu_node/dmesg) prints the file its data file's
 "kernel_log" key names; prepare.yml put kern-clean.log and kern-xid79.log there, and this test switches between them.
-Figures go to artifacts/fleet/measurements.json under "06-gpu-watch".
+Figures go to artifacts/fleet/measurements.json under "07-gpu-watch".
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def clean_kernel_log():
     simulate_kernel_log(SICK, "kern-clean.log")
 
 
-def test_06_an_xid_takes_the_node_out_by_itself_and_it_comes_back(served_model, clean_kernel_log):
+def test_07_an_xid_takes_the_node_out_by_itself_and_it_comes_back(served_model, clean_kernel_log):
     for name in BACKENDS:  # test_fleet.py's last step may have just put a rolled-back node back
         wait_for_status(name, "UP", CHANGE_WITHIN_S)
     assert agent_answer(SICK) == "up" and agent_answer(HEALTHY) == "up"
@@ -122,5 +122,5 @@ def test_06_an_xid_takes_the_node_out_by_itself_and_it_comes_back(served_model, 
         time.sleep(3)
     finally:
         counts = client.stop()
-    FIGURES.record("06-gpu-watch", dict(out_of_rotation_s=out_after, back_s=back_after, clients=counts))
+    FIGURES.record("07-gpu-watch", dict(out_of_rotation_s=out_after, back_s=back_after, clients=counts))
     assert counts["sent"] > 0 and counts["failed"] == 0, counts["failures"]
