@@ -94,14 +94,15 @@ CACHE_STORE = PROJECT / "artifacts" / "rollout" / "compile-cache"
 # Whole seconds (the report's systemd timestamps) against the witness's microseconds, and the report's own rounding.
 START_SLACK_S = 2.0
 
-# The conversations (issue 31; steps 03 and 04): CONVERSATIONS keys, half of them on each replica (balanced_keys),
-# each with its own system prompt of SYSTEM_WORDS words (~1,400 tiny-llama tokens) and chats of TURNS turns of
-# USER_WORDS words answered in ANSWER_TOKENS tokens, CONV_CONCURRENCY at a time, CONV_ROUNDS rounds (two chats each).
-# The nodes' KV cache is pinned (group_vars/vllm_nodes/conversations.yml) a little under what half of the
-# conversations need at their longest: with affinity each replica keeps most of its half cached; least connections
-# sends every conversation to both, and each replica's cache turns over before most of them come back.
-CONVERSATIONS, TURNS, SYSTEM_WORDS, USER_WORDS, ANSWER_TOKENS = 32, 6, 200, 10, 16
-CONV_CONCURRENCY, CONV_ROUNDS, CONV_MAX_SECONDS = 8, 12, 900
+# The conversations (issue 31; steps 03 and 04): CONVERSATIONS keys per block, half of them on each replica
+# (balanced_keys), each with its own system prompt of SYSTEM_WORDS words (~2,800 tiny-llama tokens: its prefill
+# stands out of the gateway's and the shared cores' noise) and chats of TURNS turns of USER_WORDS words answered in
+# ANSWER_TOKENS tokens, CONV_CONCURRENCY at a time, CONV_ROUNDS rounds (two chats each). The nodes' KV cache is
+# pinned (group_vars/vllm_nodes/conversations.yml) below what half of the conversations need at their longest: with
+# affinity each replica keeps most of its half cached; least connections sends every conversation to both, and each
+# replica's cache turns over before most of them come back.
+CONVERSATIONS, TURNS, SYSTEM_WORDS, USER_WORDS, ANSWER_TOKENS = 32, 6, 400, 10, 16
+CONV_CONCURRENCY, CONV_ROUNDS, CONV_MAX_SECONDS = 4, 12, 900
 # The conversations beside the step 04 rollout: fewer at a time (the client loop runs too), until it ends and the
 # hit rate is back (RECOVERY_SHARE of its level before the first drain), at most RECOVERY_MAX_S after the rollout.
 ROLLOUT_CONV_CONCURRENCY, RECOVERY_SHARE, RECOVERY_MAX_S = 4, 0.9, 300
@@ -284,25 +285,26 @@ def affinity_requests() -> dict[str, int]:
     return {name: int(servers[name]["stot"]) for name in NODES}
 
 
-def balanced_keys(model: str) -> tuple[list[conv.Conversation], dict[str, list[str]]]:
-    """CONVERSATIONS conversations, half of their keys on each replica: one short keyed request per candidate key,
-    one at a time on an idle gateway (so the bounded load never moves it), and HAProxy's counters say where it went."""
+def balanced_keys(model: str, count: int) -> tuple[list[conv.Conversation], dict[str, list[str]]]:
+    """`count` conversations, half of their keys on each replica, in alternation: one short keyed request per
+    candidate key, one at a time on an idle gateway (so the bounded load never moves it), and HAProxy's counters say
+    where it went."""
     home: dict[str, list[str]] = {name: [] for name in NODES}
-    candidates = conv.conversations(KEY_CANDIDATES, SYSTEM_WORDS, "conversation")
-    chosen, before = [], affinity_requests()
-    for candidate in candidates:
+    by_node: dict[str, list[conv.Conversation]] = {name: [] for name in NODES}
+    before = affinity_requests()
+    for candidate in conv.conversations(KEY_CANDIDATES, SYSTEM_WORDS, "conversation"):
         answer = gateway_send({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
                               {AFFINITY_HEADER: candidate.key})
         assert answer.status == 200 and not answer.error, (candidate.key, answer)
         after = affinity_requests()
         went, before = [name for name, count in after.items() if count > before[name]], after
         assert len(went) == 1, (candidate.key, went)
-        if len(home[went[0]]) < CONVERSATIONS // 2:
+        if len(home[went[0]]) < count // 2:
             home[went[0]].append(candidate.key)
-            chosen.append(candidate)
-        if len(chosen) == CONVERSATIONS:
-            return chosen, home
-    raise AssertionError(f"{KEY_CANDIDATES} keys did not give {CONVERSATIONS // 2} per replica: {home}")
+            by_node[went[0]].append(candidate)
+        if sum(len(keys) for keys in home.values()) == count:
+            return [c for pair in zip(*by_node.values(), strict=True) for c in pair], home
+    raise AssertionError(f"{KEY_CANDIDATES} keys did not give {count // 2} per replica: {home}")
 
 
 def prefix_counters() -> dict[str, dict[str, float | None]]:
@@ -321,22 +323,34 @@ def replica_hit_rates(before: dict[str, dict[str, Any]], after: dict[str, dict[s
     return out
 
 
-def conversation_phase(model: str, convs: list[conv.Conversation], keyed: bool) -> dict[str, Any]:
-    """CONV_ROUNDS rounds of the conversations with the affinity key or without it: the clients' summary (hit rate
-    and time to first token) over every turn and without the first round (nothing is cached yet either way), and
-    each replica's counters over the phase."""
+def conversation_block(model: str, block: str, convs: list[conv.Conversation], keyed: bool) -> dict[str, Any]:
+    """CONV_ROUNDS rounds of these conversations with the affinity key or without it: the turns after the first round
+    (nothing is cached yet then, either way), every turn's summary, each replica's counters over the block."""
     loop = conv.ConversationLoop(gateway_send, model, convs, turns=TURNS, concurrency=CONV_CONCURRENCY,
                                  user_words=USER_WORDS, answer_tokens=ANSWER_TOKENS,
                                  header=AFFINITY_HEADER if keyed else None, max_rounds=CONV_ROUNDS,
-                                 max_seconds=CONV_MAX_SECONDS, seed="keyed" if keyed else "plain")
+                                 max_seconds=CONV_MAX_SECONDS, seed=block)
     before, start = prefix_counters(), time.monotonic()
     every = loop.run()
     seconds, after = time.monotonic() - start, prefix_counters()
-    name = "affinity" if keyed else "leastconn"
-    (ARTIFACTS / f"conversations-{name}.json").write_text(json.dumps(loop.dump(), indent=1) + "\n")
-    return {"seconds": round(seconds, 1), "all_turns": every,
-            "after_first_round": conv.summary([t for t in loop.records if t.round > 0]),
+    (ARTIFACTS / f"conversations-03-{block}.json").write_text(json.dumps(loop.dump(), indent=1) + "\n")
+    return {"seconds": round(seconds, 1), "all_turns": every, "turns": [t for t in loop.records if t.round > 0],
             "replicas": replica_hit_rates(before, after), "rounds": [r["hit_rate"] for r in loop.rounds]}
+
+
+def compared(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One way's blocks together: the clients' summary of their turns after the first round, every turn's, each
+    replica's counters summed, and each block's seconds, hit rate and TTFT."""
+    replicas = {name: {k: sum(b["replicas"][name][k] for b in blocks) for k in ("queries", "hits")} for name in NODES}
+    for counts in replicas.values():
+        counts["hit_rate"] = round(counts["hits"] / counts["queries"], 4) if counts["queries"] else None
+    return {"after_first_round": conv.summary([t for b in blocks for t in b["turns"]]),
+            "all_turns": {**{k: sum(b["all_turns"][k] for b in blocks) for k in ("turns", "answered", "refused_429",
+                                                                                   "failed")},
+                          "failures": [f for b in blocks for f in b["all_turns"]["failures"]][:10]},
+            "replicas": replicas,
+            "blocks": [{"seconds": b["seconds"], "hit_rate": conv.summary(b["turns"])["hit_rate"],
+                        "ttft_ms": conv.summary(b["turns"])["ttft_ms"], "rounds": b["rounds"]} for b in blocks]}
 
 
 def saturate(model: str) -> dict[str, Any]:
@@ -459,20 +473,25 @@ def test_02_only_the_gateway_answers_outside_the_fleet_network():
 
 
 def test_03_conversations_keep_their_prefix_cache_with_affinity_and_saturation_is_refused_with_429(model):
-    """The same conversations without a key (least connections) and with one (consistent hash, bounded load): with
-    affinity the hit rate at least twice least connections' (each replica's higher) and the time to first token's
-    p50 lower; no turn fails either way. Then more clients than the gateway admits: only 200 or 429 with
-    Retry-After."""
-    convs, home = balanced_keys(model)
-    STATE["conversations"] = convs
-    leastconn = conversation_phase(model, conv.conversations(CONVERSATIONS, SYSTEM_WORDS, "leastconn"), keyed=False)
-    affinity = conversation_phase(model, convs, keyed=True)
+    """The same workload without a key (least connections) and with one (consistent hash, bounded load), in blocks
+    ABBA so that both see the machine's load alike, each block its own conversations: with affinity the hit rate at
+    least twice least connections' (each replica's higher) and the time to first token's p50 lower; no turn fails
+    either way. Then more clients than the gateway admits: only 200 or 429 with Retry-After."""
+    keyed_convs, home = balanced_keys(model, 2 * CONVERSATIONS)
+    runs: dict[str, list[dict[str, Any]]] = {"leastconn": [], "affinity": []}
+    for index, way in enumerate(("leastconn", "affinity", "affinity", "leastconn")):
+        block = f"{index}-{way}"
+        convs = (keyed_convs[:CONVERSATIONS] if index == 1 else keyed_convs[CONVERSATIONS:]) if way == "affinity" \
+            else conv.conversations(CONVERSATIONS, SYSTEM_WORDS, block)
+        runs[way].append(conversation_block(model, block, convs, keyed=way == "affinity"))
+    STATE["conversations"] = keyed_convs[CONVERSATIONS:]   # the last block's: step 04 carries on with them
+    leastconn, affinity = compared(runs["leastconn"]), compared(runs["affinity"])
     saturation = saturate(model)
     FIGURES.record("03-conversations", dict(keys_per_replica={name: len(keys) for name, keys in home.items()},
                                             leastconn=leastconn, affinity=affinity, saturation=saturation))
-    for phase in (leastconn, affinity):
-        assert phase["all_turns"]["failed"] == 0 and phase["all_turns"]["refused_429"] == 0, phase["all_turns"]
-        assert phase["all_turns"]["answered"] == CONVERSATIONS * CONV_ROUNDS, phase["all_turns"]
+    for way in (leastconn, affinity):
+        assert way["all_turns"]["failed"] == 0 and way["all_turns"]["refused_429"] == 0, way["all_turns"]
+        assert way["all_turns"]["answered"] == 2 * CONVERSATIONS * CONV_ROUNDS, way["all_turns"]
     plain, keyed = leastconn["after_first_round"], affinity["after_first_round"]
     assert keyed["hit_rate"] >= 2 * plain["hit_rate"], (
         f"affinity's hit rate {keyed['hit_rate']} is not twice least connections' {plain['hit_rate']}")
