@@ -1,9 +1,9 @@
 """Stand-ins for vLLM servers on loopback. For the gateway's routing tests, NamedBackend: each answers
 `GET /health` and any POST with its own name, after the pause the request's JSON body asks for (`"sleep": seconds`),
 as server-sent events when the body asks for `"stream": true` (three events `"gap"` seconds apart, then [DONE]),
-and counts what it served and the models it was asked for; real HAProxy routes to them. For the LoRA sync,
-FakeVllm: vLLM's model list and runtime load/unload API. For the rollout's drain, GaugeVllm: /health and the request
-gauges of /metrics. Nothing leaves the machine."""
+and counts what it served and the models and headers it was asked with; real HAProxy routes to them. For the LoRA
+sync, FakeVllm: vLLM's model list and runtime load/unload API. For the rollout's drain, GaugeVllm: /health and the
+request gauges of /metrics. Nothing leaves the machine."""
 from __future__ import annotations
 
 import json
@@ -82,6 +82,7 @@ class NamedBackend(LoopbackServer):
         self.name = name
         self.served = 0
         self.models: list[Any] = []   # each POST's `model`, in order
+        self.headers: list[dict[str, str]] = []   # each POST's headers (lower-case names), in the same order
 
     def handler(self) -> type[BaseHTTPRequestHandler]:
         """The request handler class bound to this backend."""
@@ -126,6 +127,7 @@ class NamedBackend(LoopbackServer):
                 with backend.lock:
                     backend.served += 1
                     backend.models.append(request.get("model"))
+                    backend.headers.append({k.lower(): v for k, v in self.headers.items()})
                 if request.get("stream"):
                     self.stream(float(request.get("gap", 0)))
                 else:

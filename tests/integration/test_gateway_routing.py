@@ -7,7 +7,9 @@ never a 5xx, and so does a request that waited out the queue timeout. vLLM's run
 403 to clients in every spelling vLLM would route (percent-encoded too) and never reach a replica (issue 30).
 Several models behind one gateway (issue 27): a request goes to the pool of its JSON body's `model`, streamed or
 not, with affinity and admission per model; /v1/models lists them all; an unknown model is 404, a body without a
-model 400 and one over the limit 413, in vLLM's error shape, and the key and the allowlist come first.
+model 400 and one over the limit 413, in vLLM's error shape, and the key and the allowlist come first. Priority
+(issue 31): a queued request of a better X-Priority class is served before older ones, in every kind of backend; a
+malformed, repeated or out-of-range value is served at class 0 in its turn; vLLM gets the class as X-Vllm-Priority.
 
 The prefix-cache hit rate that affinity buys is measured with real vLLM in the fleet scenario, not here."""
 
@@ -538,3 +540,78 @@ def test_health_is_ok_while_any_models_pool_has_a_server(model_gateway: Gateway,
         assert time.monotonic() < deadline, "still 200 with no server up"
         time.sleep(0.5)
     assert status == 503
+
+
+# Priority (issue 31): X-Priority orders the gateway's queue (HAProxy's priority class) and becomes vLLM's
+# X-Vllm-Priority; a value the gateway does not honour is class 0, served in its turn.
+PRIORITY_QUEUE = [   # (tag, the request's headers), in the order they join the queue behind a busy server
+    ("plain", [("X-Vllm-Priority", "-100")]),   # no class asked; vLLM's header from the client is replaced
+    ("worse", [("X-Priority", "5")]),
+    ("below-range", [("X-Priority", "-99")]),   # under gateway_priority_min (-10)
+    ("malformed", [("X-Priority", "-3x")]),     # HAProxy alone would read -3
+    ("repeated", [("X-Priority", "-4"), ("X-Priority", "-4")]),
+    ("better", [("X-Priority", "-2")]),
+]
+# What the server sees: the better class first, then class 0 in arrival order, then the worse class.
+PRIORITY_ORDER = ["busy", "better", "plain", "below-range", "malformed", "repeated", "worse"]
+PRIORITY_SENT = {"busy": "0", "better": "-2", "worse": "5", "plain": "0", "below-range": "0", "malformed": "0",
+                 "repeated": "0"}
+
+
+def queued(gateway: Gateway, backend: str) -> int:
+    """Requests waiting in `backend` now: its own queue and its servers' (`show stat` qcur)."""
+    lines = gateway.runtime("show stat").splitlines()
+    names = lines[0].lstrip("# ").split(",")
+    rows = [dict(zip(names, line.split(","), strict=False)) for line in lines[1:] if line]
+    return sum(int(row["qcur"] or 0) for row in rows if row["pxname"] == backend and row["svname"] != "FRONTEND")
+
+
+def send_tagged(gateway: Gateway, tag: str, headers: list[tuple[str, str]], body: dict[str, Any]) -> int:
+    """A chat request tagged `tag` (X-Tag) with these headers, repeated names included: its status."""
+    conn = http.client.HTTPSConnection("127.0.0.1", gateway.port, context=gateway.context, timeout=60)
+    try:
+        data = json.dumps({"model": "m", **body}).encode()
+        conn.putrequest("POST", "/v1/chat/completions")
+        for name, value in [("Authorization", f"Bearer {KEY}"), ("Content-Type", "application/json"),
+                            ("Content-Length", str(len(data))), ("X-Tag", tag), *headers]:
+            conn.putheader(name, value)
+        conn.endheaders(data)
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(("route", "models", "backend"), [
+    ([], None, "vllm"),
+    ([("X-Session-Id", "one-conversation")], None, "vllm_affinity"),
+    ([], {"replica-a": ["m"]}, "model_m"),
+], ids=["least busy", "affinity", "by model"])
+def test_a_better_class_overtakes_the_queue_and_an_unhonoured_one_waits_its_turn(
+        tmp_path: Path, route: list[tuple[str, str]], models: dict[str, list[str]] | None, backend: str) -> None:
+    """One server with one slot, busy: six requests queue behind it, the last of a better class. It is served
+    first, the worse class last, and the malformed, repeated and out-of-range ones at class 0 in their turn (none
+    refused); each reaches the server with X-Vllm-Priority set to its class. The same in the affinity backend and
+    a model's pool: the class is the request's, set in the frontend."""
+    server = NamedBackend("replica-a").start()
+    try:
+        with start_gateway(tmp_path, [server], models=models, gateway_backend_max_connections=1,
+                           gateway_priority_header="X-Priority") as gateway, ThreadPoolExecutor(8) as pool:
+            answers = [pool.submit(send_tagged, gateway, "busy", route, {"sleep": 8})]
+            deadline = time.monotonic() + 20
+            while haproxy.servers(gateway.runtime("show stat"), backend)["replica-a"]["scur"] < 1:
+                assert time.monotonic() < deadline, f"the busy request did not reach {backend}/replica-a"
+                time.sleep(0.05)
+            for tag, headers in PRIORITY_QUEUE:   # each joins the queue before the next is sent
+                answers.append(pool.submit(send_tagged, gateway, tag, route + headers, {}))
+                while queued(gateway, backend) < len(answers) - 1:
+                    assert time.monotonic() < deadline, f"{tag}: {len(answers) - 1} requests not queued in {backend}"
+                    time.sleep(0.05)
+            assert server.served == 0, "the busy request ended before the queue was full: the order proves nothing"
+            assert [answer.result() for answer in answers] == [200] * len(answers)
+        served = [headers["x-tag"] for headers in server.headers]
+        assert served == PRIORITY_ORDER
+        assert {headers["x-tag"]: headers.get("x-vllm-priority") for headers in server.headers} == PRIORITY_SENT
+    finally:
+        server.stop()

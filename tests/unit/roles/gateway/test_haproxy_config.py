@@ -1,7 +1,7 @@
 """The gateway's haproxy.cfg (roles/gateway/templates/etc/haproxy/haproxy.cfg.j2) rendered as Ansible renders it: a
 backend with an agent_port gets HAProxy's agent-check on that port (the node's GPU watch), one without gets none;
-backends with models get one pool per model, each server checked once; the file passes `haproxy -c` where HAProxy is
-installed."""
+backends with models get one pool per model, each server checked once; a priority header sets the request's class
+in the frontend, and vLLM's X-Vllm-Priority from it; the file passes `haproxy -c` where HAProxy is installed."""
 from __future__ import annotations
 
 import re
@@ -95,10 +95,42 @@ def test_backends_with_models_get_a_pool_per_model_each_server_checked_once(tmp_
     assert "use_backend %[var(txn.pool)]\n" in config
 
 
+def frontend(config: str) -> list[str]:
+    """The frontend's lines, stripped (up to the first backend)."""
+    section = config.split("\nfrontend vllm_api\n", 1)[1].split("\nbackend ", 1)[0]
+    return [line.strip() for line in section.splitlines()]
+
+
+def test_priority_is_off_by_default(tmp_path: Path) -> None:
+    for backends in (FLEET, MODELS):
+        config = render(backends, tmp_path)
+        assert "set-priority-class" not in config and "X-Vllm-Priority" not in config
+
+
+@pytest.mark.parametrize("backends", [FLEET, MODELS], ids=["one pool", "pools per model"])
+def test_the_priority_header_sets_the_class_in_the_frontend_before_any_backend(
+        tmp_path: Path, backends: list[dict[str, Any]]) -> None:
+    """One rule in the frontend (the class is the request's: it holds in every backend it goes to, affinity and
+    model pools too), honouring one integer within min..max, compared shifted by 2047 (HAProxy's integer patterns
+    cannot be negative); vLLM's header follows the class."""
+    lines = frontend(render(backends, tmp_path, gateway_priority_header="X-Prio", gateway_priority_min=-5,
+                            gateway_priority_max=3))
+    rules = [line for line in lines if line.startswith("http-request set-priority-class")]
+    assert rules == ["http-request set-priority-class req.fhdr(X-Prio) if { req.fhdr_cnt(X-Prio) eq 1 } "
+                     "{ req.fhdr(X-Prio) -m reg ^-?[0-9]{1,9}$ } { req.fhdr(X-Prio),add(2047) ge 2042 } "
+                     "{ req.fhdr(X-Prio),add(2047) le 2050 }"]
+    vllm_header = lines.index("http-request set-header X-Vllm-Priority %[prio_class]")
+    routing = [i for i, line in enumerate(lines) if line.startswith(("use_backend", "default_backend"))]
+    assert routing and lines.index(rules[0]) < vllm_header < min(routing)
+
+
 @pytest.mark.skipif(shutil.which("haproxy") is None or shutil.which("openssl") is None,
                     reason="needs haproxy and openssl")
-@pytest.mark.parametrize("backends", [FLEET, MODELS], ids=["one pool", "pools per model"])
-def test_haproxy_accepts_the_rendered_file(tmp_path: Path, backends: list[dict[str, Any]]) -> None:
+@pytest.mark.parametrize(("backends", "settings"), [(FLEET, {}), (MODELS, {}),
+                                                    (FLEET, {"gateway_priority_header": "X-Priority"})],
+                         ids=["one pool", "pools per model", "priority"])
+def test_haproxy_accepts_the_rendered_file(tmp_path: Path, backends: list[dict[str, Any]],
+                                           settings: dict[str, Any]) -> None:
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=gateway", "-days", "1",
                     "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
@@ -107,7 +139,8 @@ def test_haproxy_accepts_the_rendered_file(tmp_path: Path, backends: list[dict[s
     (tmp_path / "models.map").write_text(routing(backends, 1024)["map"])
     (tmp_path / "models.json").write_text('{"object":"list","data":[]}\n')
     config = tmp_path / "haproxy.cfg"
-    config.write_text(render(backends, tmp_path, gateway_listen_address="127.0.0.1", gateway_port=18443))
+    config.write_text(render(backends, tmp_path, gateway_listen_address="127.0.0.1", gateway_port=18443,
+                             **settings))
     proc = subprocess.run(["haproxy", "-c", "-f", str(config)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "WARNING" not in proc.stdout + proc.stderr, proc.stdout + proc.stderr
