@@ -115,6 +115,7 @@ def test_drained_gates_the_node_against_itself_just_before_the_change(tmp_path: 
     assert report["gate_levels"]["single"]["ttft_ms_p50"] >= 1000 * BEFORE
     times = report["times"]
     assert times["drained"] <= times["baselined"]
+    assert report["seconds"]["baseline"] is not None and report["seconds"]["baseline"] >= 0
     assert "gated against its benchmark of the moment it is drained" in re.sub(r"\s+", " ", out)
 
 
