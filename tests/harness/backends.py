@@ -3,7 +3,8 @@
 as server-sent events when the body asks for `"stream": true` (three events `"gap"` seconds apart, then [DONE]),
 and counts what it served and the models and headers it was asked with; real HAProxy routes to them. For the LoRA
 sync, FakeVllm: vLLM's model list and runtime load/unload API. For the rollout's drain, GaugeVllm: /health and the
-request gauges of /metrics. Nothing leaves the machine."""
+request gauges of /metrics; for the rollout's pre-change benchmark, BenchVllm: those, the model list and completions
+at a speed the test changes. Nothing leaves the machine."""
 from __future__ import annotations
 
 import json
@@ -247,5 +248,57 @@ class GaugeVllm(LoopbackServer):
                     text = ""
                 self.send(200 if self.path in ("/health", "/metrics") else 404, text.encode(),
                           "text/plain; version=0.0.4")
+
+        return Handler
+
+
+class BenchVllm(GaugeVllm):
+    """GaugeVllm with what `vllm bench serve` (tests/fixtures/vllm_bench) needs: GET /v1/models (the served name and
+    its root) and POST /v1/chat/completions answered after `delay` seconds. POST /change (the test's stand-in for a
+    rollout's change) sets `delay` to its body's "delay". `events` lists, in order, what it saw: "metrics" (a /metrics
+    scrape), "completion" (one answered completion) and "change"."""
+
+    def __init__(self, model: str, delay: float) -> None:
+        super().__init__(model)
+        self.delay = delay
+        self.events: list[str] = []
+
+    def handler(self) -> type[BaseHTTPRequestHandler]:
+        """The request handler class bound to this stand-in."""
+        fake = self
+
+        class Handler(QuietHandler):
+            def do_GET(self) -> None:   # noqa: N802 (http.server's name)
+                with fake.lock:
+                    if self.path == "/metrics":
+                        fake.scrapes += 1
+                        fake.events.append("metrics")
+                        self.send(200, fake.metrics().encode(), "text/plain; version=0.0.4")
+                        return
+                if self.path == "/v1/models":
+                    data = {"object": "list", "data": [{"id": fake.model, "object": "model",
+                                                        "root": f"/models/{fake.model}", "parent": None}]}
+                    self.send(200, json.dumps(data).encode(), "application/json")
+                else:
+                    self.send(200 if self.path == "/health" else 404, b"", "text/plain")
+
+            def do_POST(self) -> None:   # noqa: N802
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+                if self.path == "/change":
+                    with fake.lock:
+                        fake.delay = float(body["delay"])
+                        fake.events.append("change")
+                    self.send(200, b"{}", "application/json")
+                    return
+                with fake.lock:
+                    delay = fake.delay
+                time.sleep(delay)
+                with fake.lock:
+                    fake.events.append("completion")
+                answer = {"object": "chat.completion", "model": fake.model,
+                          "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                       "finish_reason": "length"}]}
+                self.send(200, json.dumps(answer).encode(), "application/json")
 
         return Handler

@@ -60,10 +60,10 @@ def gateway(tmp_path: Path, stand_ins: dict[str, GaugeVllm]) -> Iterator[Path]:
         yield runtime
 
 
-def run_rollout_steps(tmp_path: Path, gateway: Path, node: dict[str, Any],
-            records: dict[str, dict[str, Any]]) -> tuple[int, str, dict[str, Any]]:
-    """The rollout's steps on the node (`node`: its plan and check-mode facts) with `records` kept on it; (rc, output,
-    what the play wrote)."""
+def run_rollout_steps(tmp_path: Path, gateway: Path, node: dict[str, Any], records: dict[str, dict[str, Any]],
+                      **settings: Any) -> tuple[int, str, dict[str, Any]]:
+    """The rollout's steps on the node (`node`: its plan and check-mode facts) with `records` kept on it and the
+    rollout `settings` on top; (rc, output, what the play wrote)."""
     state = tmp_path / "state"
     state.mkdir()
     for name, record in records.items():
@@ -78,7 +78,7 @@ def run_rollout_steps(tmp_path: Path, gateway: Path, node: dict[str, Any],
              "rollout_drain_timeout": DRAIN_TIMEOUT, "rollout_drain_interval": 1, "rollout_page_cache": False,
              "rollout_gateway_timeout": 30, "result_file": str(result),
              "inference_check_benchmark_state_file": str(state / "benchmark-last.json"),
-             "vllm_node_instance_benchmark_state_file": str(state / "benchmark-last-%s.json")}
+             "vllm_node_instance_benchmark_state_file": str(state / "benchmark-last-%s.json"), **settings}
     (tmp_path / "extra.json").write_text(json.dumps(extra))
     rc, out, _ = playbook.run(PLAYBOOK, "-e", f"@{tmp_path / 'extra.json'}", inventory=str(tmp_path / "hosts.yml"),
                               env=playbook.environment(ANSIBLE_LOCALHOST_WARNING="false"), timeout=300)
@@ -156,4 +156,20 @@ def test_a_node_none_of_whose_instances_changes_is_left_alone(
     assert result["restart_needed"] is False and result["restart_instances"] == [] and result["baselines"] == {}
     assert "left alone (no drain, no restart)" in out
     assert stand_ins["chat"].scrapes == 0 and stand_ins["mla"].scrapes == 0
+    assert not server_state(gateway)["admin_drain"]
+
+
+def test_the_drained_baseline_is_refused_on_a_node_with_instances_before_any_drain(
+        tmp_path: Path, gateway: Path, stand_ins: dict[str, GaugeVllm], plans: dict[str, dict[str, Any]]) -> None:
+    """rollout_baseline_source drained benchmarks a node's single service: a node serving instances is refused by
+    name in the first play, with the option named, although every instance has its kept baseline."""
+    node = {"vllm_node_plan": plans["instances"], "served": checked_instances(stand_ins, {"mla"}),
+            "restart_needed": False, "vllm_service_url": stand_ins["chat"].url}
+    rc, out, _ = run_rollout_steps(tmp_path, gateway, node, RECORDS, rollout_baseline_source="drained")
+    folded = re.sub(r"\s+", " ", out)
+    assert rc != 0
+    assert (f"{NODE} serves instances (vllm_node_instances: chat, mla): rollout_baseline_source: drained benchmarks "
+            "a node's single service only. Set rollout_baseline_source: stored") in folded, out[-3000:]
+    assert "Nothing was drained or changed." in folded
+    assert "Drain the node at the gateways" not in out
     assert not server_state(gateway)["admin_drain"]

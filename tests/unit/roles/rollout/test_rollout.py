@@ -155,3 +155,38 @@ def test_rollout_converges_with_the_site_s_own_tasks():
     roles = [entry["role"] for entry in site["roles"]]
     assert [entry["role"] for entry in check["roles"]][:len(roles)] == roles
     assert [entry["role"] for entry in change["roles"]][:len(roles)] == roles
+
+
+def test_the_baseline_source_is_stored_unless_asked_and_drained_runs_after_the_drain_before_the_change():
+    defaults = yaml.safe_load((ROOT / "roles/rollout/defaults/main.yml").read_text())
+    spec = yaml.safe_load((ROOT / "roles/rollout/meta/argument_specs.yml").read_text())
+    assert defaults["rollout_baseline_source"] == "stored", "today's behaviour unless asked"
+    assert spec["argument_specs"]["main"]["options"]["rollout_baseline_source"]["choices"] == ["stored", "drained"]
+    _, change, _ = plays("playbooks/rollout.yml")
+    block = next(task for task in change["tasks"]
+                 if "block" in task and task.get("when") == "rollout_restart_needed | bool")
+    steps = [task.get("ansible.builtin.import_role", {}).get("tasks_from") or task.get("ansible.builtin.import_tasks")
+             or task["name"] for task in block["block"]]
+    assert steps.index("baseline_drained") == steps.index("drain") + 1
+    assert steps.index("baseline_drained") < steps.index("Note that the service may change from here on")
+    assert steps.index("baseline_drained") < steps.index("tasks/node_deploy.yml")
+    pre = block["block"][steps.index("baseline_drained")]
+    assert pre["when"] == ["rollout_baseline_source == 'drained'", "not ansible_check_mode"]
+    # the gate reads rollout_baseline, which baseline_drained.yml replaces with the pre-change figures
+    assert block["vars"]["inference_check_benchmark_baseline"] == "{{ rollout_baseline.levels | default({}) }}"
+
+
+def test_the_pre_change_benchmark_is_the_inference_check_s_own_task_and_keeps_nothing():
+    """One benchmark task (roles/inference_check/tasks/benchmark.yml), imported by the check and included by the
+    rollout; the kept record is written by the check's main.yml only, after a passing check."""
+    bench = yaml.safe_load((ROOT / "roles/inference_check/tasks/benchmark.yml").read_text())
+    assert [next(k for k in t if k.startswith("vllm_node.")) for t in bench] == [
+        "vllm_node.vllm_node.inference_check_benchmark"]
+    check = yaml.safe_load((ROOT / "roles/inference_check/tasks/main.yml").read_text())
+    assert [t for t in check if t.get("ansible.builtin.import_tasks") == "benchmark.yml"], "the check imports it"
+    assert not [t for t in check if "vllm_node.vllm_node.inference_check_benchmark" in t], "no second copy"
+    pre = yaml.safe_load((ROOT / "roles/rollout/tasks/baseline_drained.yml").read_text())
+    included = [t["ansible.builtin.include_role"] for part in pre for t in part.get("block", [])
+                if "ansible.builtin.include_role" in t]
+    assert included == [{"name": "inference_check", "tasks_from": "benchmark"}]
+    assert not [t for t in pre if "ansible.builtin.copy" in t], "the pre-change benchmark keeps no record"
