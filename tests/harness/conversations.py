@@ -5,13 +5,15 @@ is one streamed chat completion whose time to first token, prompt tokens and cac
 `usage.prompt_tokens_details.cached_tokens`, served with --enable-prompt-tokens-details) are recorded.
 
 The turns go in rounds: in each round every conversation sends its next turn, in a shuffled order (a fixed order
-would let least-connections hand a conversation the same replica again by accident), `concurrency` at a time. A
+would let least-connections hand a conversation the same replica again by accident; `interleave` shuffles groups
+and alternates them), `concurrency` at a time. A
 round's hit rate is its cached over its prompt tokens: what the replicas' prefix caches saved, as the clients see it.
 
 Bounded: a loop stops at its round, request and time limits, or when stopped."""
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
 import random
 import statistics
@@ -176,11 +178,11 @@ class ConversationLoop:
 
     def __init__(self, send: Send, model: str, convs: list[Conversation], *, turns: int, concurrency: int,
                  user_words: int, answer_tokens: int, header: str | None, max_rounds: int, max_seconds: float,
-                 seed: str = "order") -> None:
+                 seed: str = "order", interleave: int = 1) -> None:
         self.send, self.model, self.convs = send, model, convs
         self.turns, self.concurrency, self.header = turns, concurrency, header
         self.user_words, self.answer_tokens = user_words, answer_tokens
-        self.max_rounds, self.max_seconds = max_rounds, max_seconds
+        self.max_rounds, self.max_seconds, self.interleave = max_rounds, max_seconds, interleave
         self.order = random.Random(seed)
         self.records: list[Turn] = []
         self.rounds: list[dict[str, Any]] = []
@@ -197,6 +199,15 @@ class ConversationLoop:
                     int(answer.usage.get("prompt_tokens") or 0), int(details.get("cached_tokens") or 0),
                     answer.retry_after, answer.error)
 
+    def round_order(self) -> list[Conversation]:
+        """One round's order: shuffled; with `interleave` n, the conversations at positions i, i+n, i+2n, ... form
+        group i, each group is shuffled and the groups take turns (e.g. the keys of two replicas in alternation, so
+        that a few requests in flight spread over them as many conversations would)."""
+        groups = [list(self.convs[i::self.interleave]) for i in range(self.interleave)]
+        for group in groups:
+            self.order.shuffle(group)
+        return [conv for turn in itertools.zip_longest(*groups) for conv in turn if conv is not None]
+
     def run(self) -> dict[str, Any]:
         """Send rounds until a bound or stop(); the summary of every turn."""
         deadline = time.monotonic() + self.max_seconds
@@ -204,8 +215,7 @@ class ConversationLoop:
             for round_no in range(self.max_rounds):
                 if self._stop.is_set() or time.monotonic() > deadline:
                     break
-                order = list(self.convs)
-                self.order.shuffle(order)
+                order = self.round_order()
                 start = time.time()
                 turns = list(pool.map(lambda conv, n=round_no: self._turn(conv, n), order))
                 self.records.extend(turns)

@@ -150,3 +150,14 @@ def test_a_loop_started_beside_stops_when_asked():
     assert loop.running and len(loop.rounds) >= 3
     out = loop.stop(timeout=10)
     assert not loop.running and out["failed"] == 0 and out["answered"] == 2 * len(loop.rounds) < 2 * 10_000
+
+
+def test_an_interleaved_round_alternates_the_groups_and_shuffles_within_them():
+    convs = conv.conversations(8, 5, "groups")
+    loop = conv.ConversationLoop(CachingReplicas(100).send, "m", convs, turns=2, concurrency=1, user_words=2,
+                                 answer_tokens=2, header=None, max_rounds=1, max_seconds=10, interleave=2)
+    orders = [loop.round_order() for _ in range(20)]
+    for order in orders:
+        assert sorted(c.key for c in order) == sorted(c.key for c in convs)
+        assert [convs.index(c) % 2 for c in order] == [0, 1] * 4
+    assert len({tuple(c.key for c in order) for order in orders}) > 1
