@@ -1,5 +1,7 @@
 """Filters dirs_to_fix and paths_present: which paths a file task must still touch, from one files_probe call.
 
+Documented per filter in plugins/filter/<name>.yml.
+
 An idempotent re-run spends its time in remote calls (one per loop item of ansible.builtin.file). A role probes
 its paths once (vllm_node.vllm_node.files_probe) and loops the file task only over the paths whose state differs:
 on a converged node the loop is empty; where it is not, the file task does (and reports, --check --diff included)
@@ -10,48 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
-
-DOCUMENTATION = r"""
-name: dirs_to_fix
-short_description: The directories whose type, mode or owner differ from what a file task would make them
-description:
-  - Takes paths and the RV(files) answer of M(vllm_node.vllm_node.files_probe) (keyed by the paths themselves) and
-    returns, in the given order, the paths that are not a directory (a link to one counts as not: the file task
-    decides), or whose mode, uid or gid differ from the given ones. An omitted mode, uid or gid is not compared.
-  - A path the probe did not look at is returned (the file task decides).
-positional: _input, found, mode, uid, gid
-options:
-  _input:
-    description: The directories, absolute paths.
-    type: list
-    elements: str
-    required: true
-  found:
-    description: files_probe's RV(files), keyed by path.
-    type: dict
-    required: true
-  mode:
-    description: The wanted permission bits, as four octal digits (e.g. V(0750)); omitted, not compared.
-    type: str
-  uid:
-    description: The wanted owner's uid; omitted, not compared.
-    type: int
-  gid:
-    description: The wanted group's gid; omitted, not compared.
-    type: int
-author: vllm-node
-"""
-
-EXAMPLES = r"""
-loop: "{{ ['/var/lib/vllm', '/var/lib/vllm/cache'] | vllm_node.vllm_node.dirs_to_fix(probe.files, '0750', 998, 998) }}"
-"""
-
-RETURN = r"""
-_value:
-  description: The paths the file task must still make directories with that mode and owner, in input order.
-  type: list
-  elements: str
-"""
 
 
 def octal_mode(mode: str | int) -> int:

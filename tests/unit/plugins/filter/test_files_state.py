@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.vllm_node.vllm_node.plugins.filter.dirs_to_fix import dirs_to_fix, paths_present
+from ansible_collections.vllm_node.vllm_node.plugins.filter.files_state import dirs_to_fix, paths_present
 from ansible_collections.vllm_node.vllm_node.plugins.modules.files_probe import probe
 
 
