@@ -302,6 +302,15 @@ def test_a_gated_client_waiting_for_its_gate_ends_on_stop():
     assert not loop.is_alive() and counts["sent"] == 0 and counts["gate"] == []
 
 
+def settle(seen: list[str], count: int, wait: float = 10.0) -> None:
+    """Wait (bounded) until the follower has acted on `count` lines, then a few of its intervals more: a loaded
+    machine may run its thread late, never early."""
+    deadline = time.monotonic() + wait
+    while len(seen) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)
+
+
 def test_the_log_follower_acts_on_new_lines_as_they_are_written(tmp_path):
     log = tmp_path / "run.log"
     seen: list[str] = []
@@ -311,14 +320,14 @@ def test_the_log_follower_acts_on_new_lines_as_they_are_written(tmp_path):
         with log.open("w") as out:
             out.write("PLAY [Change the nodes]\nTASK [rollout : Dra")
             out.flush()
-            time.sleep(0.2)
+            settle(seen, 1)
             assert seen == ["PLAY [Change the nodes]"]     # the unfinished line waits for its end
             out.write("in the node]\nok: [n1]\n")
             out.flush()
-            time.sleep(0.2)
+            settle(seen, 2)
         assert seen == ["PLAY [Change the nodes]", "TASK [rollout : Drain the node]"]
         log.write_text("PLAY [again]\n")          # a new run truncated the log
-        time.sleep(0.2)
+        settle(seen, 3)
     assert seen[-1] == "PLAY [again]" and [line for _, line in follower.matched] == seen
 
 
