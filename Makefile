@@ -11,10 +11,10 @@ export ANSIBLE_FORCE_COLOR := 0
 # (tests/unit/test_foundation.py holds it). Override: make molecule MOLECULE_SCENARIOS="node_facts".
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2 offline cluster
 # Scenarios on disk that `make test` does not run, each with its reason here (run one alone with
-# make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). fleet: even with its long
-# generations only around the drains, its two nodes (three or four vLLM starts each, their benchmarks, the client
-# loop) keep both cores ~80 % busy for its whole run, about a third of what the scenarios above need in all: added to
-# them, the cold run goes past 60 min on 2 cores (docs/measurements.md). It returns when the other lanes need less.
+# make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). fleet: its two nodes (three or four
+# vLLM starts each, their benchmarks, the client loop, the conversations of steps 03 and 04) keep both cores busy
+# for its whole run, nearly as much CPU as the scenarios above need in all: added to them, the cold run goes past
+# 60 min on 2 cores (docs/measurements.md). It returns when it and the other lanes need less.
 MOLECULE_NOT_IN_TEST := fleet
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The vLLM scenarios lead the
