@@ -3,6 +3,7 @@ in turn, a think time in between), until stopped or bounded, with a record of ev
 end epoch, duration, status) and its accounting (per kind: sent, failed, durations; what was in flight at a moment)."""
 from __future__ import annotations
 
+import math
 import statistics
 import threading
 import time
@@ -11,13 +12,21 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-quantile of values by nearest rank (the ceil(q x n)-th smallest); None without any."""
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[min(len(ordered), max(1, math.ceil(q * len(ordered)))) - 1]
+
+
 def duration_summary(durations: list[float]) -> dict[str, float]:
     """min, p50, p99 and max of request durations in seconds ({} without any)."""
     d = sorted(durations)
     if not d:
         return {}
     return {"min": round(d[0], 3), "p50": round(statistics.median(d), 3),
-            "p99": round(d[int(len(d) * 0.99) - 1 if len(d) > 1 else 0], 3), "max": round(d[-1], 3)}
+            "p99": round(percentile(d, 0.99) or 0.0, 3), "max": round(d[-1], 3)}
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from harness.clients import percentile
+
 # Words the prompts are made of; the test models' tokenizers split them into several tokens each.
 WORDS = ("alpha", "river", "stone", "cloud", "north", "green", "table", "light", "music", "paper", "quick", "silver",
          "ocean", "forest", "garden", "window", "amber", "bridge", "candle", "desert", "engine", "falcon", "harbor")
@@ -142,14 +144,6 @@ class Turn:
     cached_tokens: int
     retry_after: str | None
     error: str
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-quantile (nearest rank) of values; None without any."""
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
 
 
 def summary(turns: Sequence[Turn]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from harness import api, clients, node, playbook, unit
 from harness.figures import Figures
@@ -377,6 +379,15 @@ def test_a_stream_is_checked_to_its_end_and_its_token_count():
     assert api.stream_check(events(json.dumps({"error": {"message": "x"}})), 2).startswith("error event")
     assert api.stream_check(events("[DONE]"), 2) == "stream ended with [DONE] before any content event"
     assert api.tokens_check({"completion_tokens": 8}, 8, {}) == ""
+
+
+@given(st.lists(st.floats(min_value=0, max_value=1e6, allow_nan=False), min_size=1, max_size=200),
+       st.floats(min_value=0, max_value=1))
+def test_the_percentile_is_one_of_the_values_and_monotone(values, q):
+    got = clients.percentile(values, q)
+    assert got in values and clients.percentile(values, 0) == min(values)
+    assert clients.percentile(values, 1) == max(values)
+    assert got <= clients.percentile(values, min(1.0, q + 0.1))
 
 
 def test_duration_summary():
