@@ -70,9 +70,10 @@ def _chosen_length(inputs: PlanInputs, requested: int | None, safe: int, model_m
 
 
 def _pinned(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device: Device, par: Parallel, batch: Batch,
-            memory: MemoryBudget, stage_available: tuple[int, ...], blocks: int) -> tuple[tuple[int, ...], int]:
-    """The stages' KV bytes pinned to `blocks` (vllm_node_kv_cache_blocks) and the blocks the budget holds at most:
-    on cuda at the utilization given, or (auto) at the highest the plan would choose; on cpu VLLM_CPU_KVCACHE_SPACE."""
+            memory: MemoryBudget, stage_available: tuple[int, ...], blocks: int) -> tuple[tuple[int, ...], int, str]:
+    """The stages' KV bytes pinned to `blocks` (vllm_node_kv_cache_blocks), the blocks the budget holds at most (on
+    cuda at the utilization given, or (auto) at the highest the plan would choose; on cpu VLLM_CPU_KVCACHE_SPACE)
+    and the plan's note on it."""
     if device.kind == "cuda":
         ceiling = memory if not memory.util_auto else \
             cuda_budget(inputs, shape, layout, device, par, batch, [1 << 62] * par.pp)
@@ -82,7 +83,9 @@ def _pinned(inputs: PlanInputs, shape: ModelShape, layout: KVLayout, device: Dev
     else:
         text, most = f"VLLM_CPU_KVCACHE_SPACE={device.total // GiB} GiB", stage_available
     where = "per GPU" if device.kind == "cuda" else "per rank"
-    return kv_blocks.pin(layout, stage_available, most, blocks, text, where), kv_blocks.budget_blocks(layout, most)
+    fit = kv_blocks.budget_blocks(layout, most)
+    return (kv_blocks.pin(layout, stage_available, most, blocks, text, where), fit,
+            kv_blocks.pinned_note(layout, blocks, fit, where))
 
 
 def size(inputs: PlanInputs) -> Sizing:
@@ -133,9 +136,10 @@ def size(inputs: PlanInputs) -> Sizing:
     notes.extend(memory.notes)
     fit = 0
     if blocks is not None:
-        stage_available, fit = _pinned(inputs, shape, layout, device, par, batch, memory, stage_available, blocks)
+        stage_available, fit, note = _pinned(inputs, shape, layout, device, par, batch, memory, stage_available,
+                                             blocks)
         available = stage_available[bound]
-        notes.append(kv_blocks.pinned_note(layout, blocks, fit, "per GPU" if device.kind == "cuda" else "per rank"))
+        notes.append(note)
     safe = layout.estimate_max_model_len(stage_available, model_max) if available > 0 else 0
     chosen, length_notes = _chosen_length(inputs, requested, safe, model_max, layout.block_size, device.kind == "cuda")
     # The start-up budget follows the heaviest stage: every rank loads at once, the slowest decides.
