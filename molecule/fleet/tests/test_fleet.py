@@ -356,9 +356,9 @@ def compared(blocks: list[dict[str, Any]]) -> dict[str, Any]:
                                                                                    "failed")},
                           "failures": [f for b in blocks for f in b["all_turns"]["failures"]][:10]},
             "replicas": replicas,
-            "blocks": [{"seconds": b["seconds"], "hit_rate": conv.summary(b["turns"])["hit_rate"],
-                        "ttft_ms": conv.summary(b["turns"])["ttft_ms"], "rounds": b["rounds"],
-                        "ttft_p50_ms_hit_miss": hit_miss_ttft(b["turns"])} for b in blocks]}
+            "blocks": [{"seconds": b["seconds"], **{k: v for k, v in conv.summary(b["turns"]).items()
+                                                    if k in ("hit_rate", "ttft_ms")},
+                        "rounds": b["rounds"], "ttft_p50_ms_hit_miss": hit_miss_ttft(b["turns"])} for b in blocks]}
 
 
 def hit_miss_ttft(turns: list[conv.Turn]) -> dict[str, float | None]:
