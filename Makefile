@@ -7,23 +7,18 @@ export ANSIBLE_CONFIG := $(CURDIR)/ansible.cfg
 export PY_COLORS := 0
 export ANSIBLE_FORCE_COLOR := 0
 
-# Scenarios `make test` runs, in order (cheapest first): every scenario in molecule/ but MOLECULE_NOT_IN_TEST
-# (tests/unit/test_foundation.py holds it). Override: make molecule MOLECULE_SCENARIOS="node_facts".
-MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2 offline cluster
-# Scenarios on disk that `make test` does not run, each with its reason here (run one alone with
-# make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). fleet: its two nodes (three or four
-# vLLM starts each, their benchmarks, the client loop, the conversations of steps 03 and 04) keep both cores busy
-# for its whole run, nearly as much CPU as the scenarios above need in all: added to them, the cold run goes past
-# 60 min on 2 cores (docs/measurements.md). It returns when it and the other lanes need less.
-MOLECULE_NOT_IN_TEST := fleet
+# Scenarios `make test` runs, in order (cheapest first): every scenario in molecule/ (tests/unit/test_foundation.py
+# holds it). Override: make molecule MOLECULE_SCENARIOS="node_facts".
+MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2 offline cluster fleet
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The vLLM scenarios lead the
-# lanes (cluster after model_pipeline, the shortest); the light ones and the integration tests share the rest. On
+# lanes (fleet, the longest, first; cluster after model_pipeline, the shortest); the light ones and the integration
+# tests share the rest. On
 # 2 cores the run is bound by CPU, not by one lane: every lane stretches with the others' load (the lanes' times:
 # docs/measurements.md), so cutting work anywhere shortens the run; artifacts/molecule/cpu-account.txt says where it
 # goes (molecule/README.md).
 MOLECULE_JOBS ?= 2
-MOLECULE_LANES ?= site_e2e;day2;model_pipeline cluster
+MOLECULE_LANES ?= fleet;site_e2e;day2;model_pipeline cluster
 # `make test` runs these besides the scenarios, in the lane of the light ones (first: a failure shows early): the
 # integration tests would otherwise delay every scenario's start by their minutes.
 TEST_BESIDE_MOLECULE ?= make:integration

@@ -9,7 +9,9 @@ would let least-connections hand a conversation the same replica again by accide
 and alternates them), `concurrency` at a time. A
 round's hit rate is its cached over its prompt tokens: what the replicas' prefix caches saved, as the clients see it.
 
-Bounded: a loop stops at its round, request and time limits, or when stopped."""
+Bounded: a loop stops at its round, request and time limits, or when stopped. Its gate, open at the start, holds the
+next round while closed (the round in flight finishes): a test runs conversations only in the windows it cares about
+and leaves the shared cores to the rest between them."""
 from __future__ import annotations
 
 import http.client
@@ -181,6 +183,9 @@ class ConversationLoop:
         self.records: list[Turn] = []
         self.rounds: list[dict[str, Any]] = []
         self._stop = threading.Event()
+        self._gate = threading.Event()
+        self._gate.set()
+        self.gate_log: list[list[float]] = [[round(time.time(), 3), 0.0]]   # [opened, closed] epochs (0: open)
         self._thread: threading.Thread | None = None
 
     def _turn(self, conv: Conversation, round_no: int) -> Turn:
@@ -202,12 +207,38 @@ class ConversationLoop:
             self.order.shuffle(group)
         return [conv for turn in itertools.zip_longest(*groups) for conv in turn if conv is not None]
 
+    def open_gate(self) -> None:
+        """Let the next round start."""
+        if not self._gate.is_set():
+            self.gate_log.append([round(time.time(), 3), 0.0])
+            self._gate.set()
+
+    def close_gate(self) -> None:
+        """Hold the next round until open_gate() (the round in flight finishes)."""
+        if self._gate.is_set():
+            self._gate.clear()
+            self.gate_log[-1][1] = round(time.time(), 3)
+
+    def _may_send(self, deadline: float) -> bool:
+        """Wait for the gate; False once stopped or past the deadline."""
+        while not self._gate.wait(0.2):
+            if self._stop.is_set() or time.monotonic() > deadline:
+                return False
+        return not self._stop.is_set() and time.monotonic() <= deadline
+
+    def wait_rounds(self, count: int, timeout: float) -> bool:
+        """Wait (at most `timeout` s) until `count` rounds have ended; whether they did."""
+        deadline = time.monotonic() + timeout
+        while len(self.rounds) < count and self.running and time.monotonic() < deadline:
+            time.sleep(0.5)
+        return len(self.rounds) >= count
+
     def run(self) -> dict[str, Any]:
         """Send rounds until a bound or stop(); the summary of every turn."""
         deadline = time.monotonic() + self.max_seconds
         with ThreadPoolExecutor(self.concurrency) as pool:
             for round_no in range(self.max_rounds):
-                if self._stop.is_set() or time.monotonic() > deadline:
+                if not self._may_send(deadline):
                     break
                 order = self.round_order()
                 start = time.time()
@@ -235,7 +266,8 @@ class ConversationLoop:
 
     def dump(self) -> dict[str, Any]:
         """Everything for the artifacts: the summary, each round's and each turn's record."""
-        return {"summary": summary(self.records), "rounds": self.rounds, "turns": [asdict(t) for t in self.records]}
+        return {"summary": summary(self.records), "rounds": self.rounds, "gate": [list(w) for w in self.gate_log],
+                "turns": [asdict(t) for t in self.records]}
 
 
 def recovery(rounds: Sequence[dict[str, Any]], after: float, steady: float, share: float = 0.9) -> dict[str, Any]:

@@ -80,10 +80,12 @@ LONG_CLIENTS, LONG_THINK, LONG_STAGGER = 2, 0.0, 8.0
 # (on an idle machine) and not while nodes converge. Open: the first time the service role checks its plan (the check
 # play, ~25 s before the first drain), and when a batch's node passed its benchmark (~9 s before the next batch's
 # drain); the tasks right before a drain take only ~2 s, too little for the clients to start. Closed: the drained
-# node's wait for its requests began (the drain is set: what is in flight then is what it waits for), and the recap.
+# node's wait for its requests began (the drain is set: what is in flight then is what it waits for), and the recap
+# (for the long generations only: step 04's conversations go on to show their hit rate's recovery).
 FIRST_OPEN = r"^TASK \[[^\]]*vllm_service : Check the plan before anything changes\]"
 NEXT_OPEN = r"^TASK \[[^\]]*inference_check : Judge the endpoint\]"
-GATE_CLOSE = r"^(TASK \[[^\]]*Wait \(bounded, rollout_drain_timeout\)|PLAY RECAP)"
+DRAIN_WAIT = r"^TASK \[[^\]]*Wait \(bounded, rollout_drain_timeout\)"
+RECAP = r"^PLAY RECAP"
 LONG_TIMEOUT = 900        # seconds a long generation's socket may wait (a non-streamed answer comes whole at the end)
 PROMPT_MARGIN = 128       # tokens of max-model-len left for the prompt and the chat template
 DRAIN_TIMEOUT = yaml.safe_load((PROJECT / "roles" / "rollout" / "defaults" / "main.yml").read_text())[
@@ -97,7 +99,8 @@ START_SLACK_S = 2.0
 # The conversations (issue 31; steps 03 and 04): CONVERSATIONS keys per block, half of them on each replica
 # (balanced_keys), each with its own system prompt of SYSTEM_WORDS words (~2,800 tiny-llama tokens: its prefill
 # stands out of the gateway's and the shared cores' noise) and chats of TURNS turns of USER_WORDS words answered in
-# ANSWER_TOKENS tokens, CONV_CONCURRENCY at a time, CONV_ROUNDS rounds (two chats each). The nodes' KV cache is
+# ANSWER_TOKENS tokens, CONV_CONCURRENCY at a time, CONV_ROUNDS rounds (one chat each; two chats cost twice the
+# CPU of the shared cores). The nodes' KV cache is
 # pinned (group_vars/vllm_nodes/conversations.yml) below what half of the conversations need at their longest: with
 # affinity each replica keeps most of its half cached; least connections sends every conversation to both, and each
 # replica's cache turns over before most of them come back.
@@ -106,13 +109,16 @@ START_SLACK_S = 2.0
 # the cache, decided the time to first token (hits 86-108 ms, misses 155-181 ms there against 108-136 ms for
 # least connections' misses; docs/measurements.md).
 CONVERSATIONS, TURNS, SYSTEM_WORDS, USER_WORDS, ANSWER_TOKENS = 32, 6, 400, 10, 16
-CONV_CONCURRENCY, CONV_ROUNDS, CONV_MAX_SECONDS = 4, 12, 900
+CONV_CONCURRENCY, CONV_ROUNDS, CONV_MAX_SECONDS = 4, 6, 900
 # The blocks of step 03, each its own conversations, in an order that gives both ways the machine's load alike: the
 # other work on the shared cores moved a block's TTFT p50 by +-20 ms, as much as the cache saves at this scale.
 BLOCKS = ("leastconn", "affinity", "affinity", "leastconn", "affinity", "leastconn", "leastconn", "affinity")
-# The conversations beside the step 04 rollout: fewer at a time (the client loop runs too), until it ends and the
-# hit rate is back (RECOVERY_SHARE of its level before the first drain), at most RECOVERY_MAX_S after the rollout.
-ROLLOUT_CONV_CONCURRENCY, RECOVERY_SHARE, RECOVERY_MAX_S = 4, 0.9, 300
+# The conversations beside the step 04 rollout: STEADY_ROUNDS rounds before it starts (their hit rate is the level),
+# then only while the long generations' gate is open (shortly before each drain until it began: turns in flight at
+# each drain) and from the last node's return until the hit rate is back (RECOVERY_SHARE of the level, at most
+# RECOVERY_MAX_S after the rollout). Sending all along kept both engines busy for the whole rollout: ~2,500 CPU-s
+# of the shared cores, and the nodes' converges and gates slower (docs/measurements.md).
+ROLLOUT_CONV_CONCURRENCY, STEADY_ROUNDS, RECOVERY_SHARE, RECOVERY_MAX_S = 4, 6, 0.9, 300
 # Keys tried (in order) until each replica has CONVERSATIONS / 2 of them: the consistent hash splits a few dozen
 # keys unevenly (15/5 of 20 happens), and the comparison is about the caches, not about the ring's balance.
 KEY_CANDIDATES = 6 * CONVERSATIONS
@@ -182,32 +188,41 @@ def client_loop(model: str, long_tokens: int) -> ClientLoop:
     return ClientLoop(request, CLIENT_MAX_REQUESTS, CLIENT_MAX_SECONDS, clients)
 
 
-def gate_rules(client: ClientLoop) -> list[tuple[str, Callable[[str], None]]]:
-    """The log follower's rules that open and close the client loop's gate (FIRST_OPEN only once: the same task runs
-    again in each batch's converge)."""
+def gate_rules(client: ClientLoop, talks: conv.ConversationLoop | None) -> list[tuple[str, Callable[[str], None]]]:
+    """The log follower's rules that open and close the client loop's gate and the conversations' (FIRST_OPEN only
+    once: the same task runs again in each batch's converge)."""
     first_seen: list[str] = []
+    loops: list[ClientLoop | conv.ConversationLoop] = [client, *([talks] if talks else [])]
+
+    def open_gates(_line: str) -> None:
+        for loop in loops:
+            loop.open_gate()
 
     def first_open(line: str) -> None:
         if not first_seen:
             first_seen.append(line)
-            client.open_gate()
+            open_gates(line)
 
-    return [(FIRST_OPEN, first_open), (NEXT_OPEN, lambda _line: client.open_gate()),
-            (GATE_CLOSE, lambda _line: client.close_gate())]
+    def close_gates(_line: str) -> None:
+        for loop in loops:
+            loop.close_gate()
+
+    return [(FIRST_OPEN, first_open), (NEXT_OPEN, open_gates), (DRAIN_WAIT, close_gates),
+            (RECAP, lambda _line: client.close_gate())]
 
 
-def under_load(step: str, extra_vars: dict[str, Any], model: str,
-               long_tokens: int) -> tuple[int, str, float, dict[str, Any], ClientLoop]:
+def under_load(step: str, extra_vars: dict[str, Any], model: str, long_tokens: int,
+               talks: conv.ConversationLoop | None = None) -> tuple[int, str, float, dict[str, Any], ClientLoop]:
     """A rollout with the client loop running from before it starts until after it ends (its requests in flight
-    then included); the long generations only from shortly before each drain until it began (gate_rules: the
-    rollout's log as it is written)."""
+    then included); the long generations, and `talks` where given, only from shortly before each drain until it
+    began (gate_rules: the rollout's log as it is written)."""
     client = client_loop(model, long_tokens)
     log = playbook.scenario_log("fleet", step)
     log.unlink(missing_ok=True)   # the follower reads this run's log only
     client.start()
     time.sleep(5)  # requests in flight before the first drain
     try:
-        with playbook.LogFollower(log, gate_rules(client)):
+        with playbook.LogFollower(log, gate_rules(client, talks)):
             rc, output, seconds = rollout(step, extra_vars)
         time.sleep(5)  # and after the last node is back
     finally:
@@ -535,8 +550,13 @@ def test_04_rollout_to_0_32_0_under_load(model):
     talks = conversations_beside(model)
     talks.start()
     try:
-        rc, output, seconds, client, loop = under_load("04-rollout-0.32.0", STATE["vars"], model, long_tokens)
+        # the level before the rollout; then only around each drain (the gate) and after the last node's return
+        assert talks.wait_rounds(STEADY_ROUNDS, timeout=CONV_MAX_SECONDS), f"conversations stalled: {talks.rounds}"
+        talks.close_gate()
+        rc, output, seconds, client, loop = under_load("04-rollout-0.32.0", STATE["vars"], model, long_tokens,
+                                                       talks)
         reports = {name: report(name) for name in NODES}
+        talks.open_gate()
         recovered = hit_rate_recovery(talks, reports) if rc == 0 else {}
     finally:
         talked = talks.stop(timeout=300)

@@ -142,6 +142,38 @@ def test_a_loop_started_beside_stops_when_asked():
     assert not loop.running and out["failed"] == 0 and out["answered"] == 2 * len(loop.rounds) < 2 * 10_000
 
 
+def test_a_closed_gate_holds_the_next_round_and_opening_it_lets_the_rounds_go_on():
+    loop = conv.ConversationLoop(CachingReplicas(1000).send, "m", conv.conversations(2, 10, "gate"), turns=3,
+                                 concurrency=2, user_words=2, answer_tokens=2, header=None, max_rounds=10_000,
+                                 max_seconds=30)
+    loop.start()
+    assert loop.wait_rounds(2, timeout=10)
+    loop.close_gate()
+    held, deadline = -1, time.monotonic() + 10
+    while held != len(loop.rounds) and time.monotonic() < deadline:   # the round in flight when it closed ends
+        held = len(loop.rounds)
+        time.sleep(0.3)
+    time.sleep(0.6)
+    assert len(loop.rounds) == held and loop.running
+    loop.open_gate()
+    assert loop.wait_rounds(held + 2, timeout=10)
+    out = loop.stop(timeout=10)
+    assert out["failed"] == 0 and len(loop.gate_log) == 2 and loop.gate_log[0][1] > 0 and loop.gate_log[1][1] == 0
+    assert loop.dump()["gate"] == loop.gate_log
+
+
+def test_a_loop_stopped_while_its_gate_is_closed_ends():
+    loop = conv.ConversationLoop(CachingReplicas(1000).send, "m", conv.conversations(2, 10, "closed"), turns=3,
+                                 concurrency=1, user_words=2, answer_tokens=2, header=None, max_rounds=10_000,
+                                 max_seconds=30)
+    loop.close_gate()
+    loop.start()
+    time.sleep(0.3)
+    assert loop.rounds == [] and loop.running
+    loop.stop(timeout=5)
+    assert not loop.running and loop.rounds == []
+
+
 def test_an_interleaved_round_alternates_the_groups_and_shuffles_within_them():
     convs = conv.conversations(8, 5, "groups")
     loop = conv.ConversationLoop(CachingReplicas(100).send, "m", convs, turns=2, concurrency=1, user_words=2,
