@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build the systemd base images the molecule scenarios use, without Docker Hub:
-# debootstrap a minimal root filesystem and `docker import` it. Cached: an image that exists is not rebuilt.
+# debootstrap a minimal root filesystem and `docker import` it. Cached: an image that exists is not rebuilt. The
+# suites build side by side (each waits on the mirror, not the CPU), each under its own lock, so a second caller
+# (make venv-image wants bookworm alone, beside make images) waits for the first and finds the image built.
 #   local/debian-systemd:bookworm  (Debian 12)     local/debian-systemd:trixie (Debian 13, on request)
 #   local/ubuntu-systemd:noble     (Ubuntu 24.04)  local/ubuntu-systemd:jammy (Ubuntu 22.04, on request)
 # Usage: tests/images/build-base-images.sh [bookworm] [noble] [trixie] [jammy]   (default: bookworm noble)
@@ -45,6 +47,8 @@ build() {
       [ -e "/usr/share/debootstrap/scripts/$suite" ] || script=(/usr/share/debootstrap/scripts/gutsy) ;;
     *) die "unknown suite '$suite' (choose: bookworm trixie noble jammy)" ;;
   esac
+  exec {lock}>"$WORK/$suite.lock"
+  flock "$lock"
   if "$DOCKER" image inspect "$image" >/dev/null 2>&1; then
     echo "$image: cached"; return
   fi
@@ -63,4 +67,11 @@ build() {
 
 mkdir -p "$WORK"
 suites=("$@"); [ ${#suites[@]} -gt 0 ] || suites=(bookworm noble)
-for s in "${suites[@]}"; do build "$s"; done
+if [[ " ${suites[*]} " == *" noble "* || " ${suites[*]} " == *" jammy "* ]]; then
+  ubuntu_keyring >/dev/null   # once, before the suites that use it build side by side
+fi
+pids=()
+for s in "${suites[@]}"; do build "$s" & pids+=("$!"); done
+rc=0
+for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+exit "$rc"
