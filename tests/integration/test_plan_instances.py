@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_plan_refusals import REFUSAL_BUDGET_S, REFUSAL_LINES, assert_one_message
+from test_plan_refusals import REFUSAL_LINES, assert_one_message, refusal_budget
 
 from harness import playbook
 from repo_root import ROOT
@@ -45,7 +45,7 @@ def test_plan_refuses_the_storys_split_in_seconds_with_each_instances_numbers(tm
     assert plan["fits"] is False and [r["name"] for r in plan["instances"]] == ["kimi", "llama"]
     assert plan["instances"][1]["plan"]["fits"] is True and plan["instances"][0]["plan"] is None
     assert 'data-instance="kimi"' in plan_file.with_suffix(".html").read_text()
-    print(f"\nsplit refused: rc={rc} in {seconds:.1f} s (budget {REFUSAL_BUDGET_S:.0f} s), refusal {len(lines)} lines")
+    print(f"\nsplit refused: rc={rc} in {seconds:.1f} s (budget {refusal_budget():.0f} s), refusal {len(lines)} lines")
 
 
 def test_plan_accepts_a_split_that_fits(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ Ansible wrappers ("Finalization of task args ...", "<<< caused by >>>") anywhere
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -18,8 +19,14 @@ from harness import playbook
 STORY = ("-e", "vllm_node_model=kimi-k2.5-nvfp4", "-e", "vllm_node_gpu=rtx-pro-6000-blackwell",
          "-e", "vllm_node_gpu_count=8")
 REFUSAL_LINES = 25
-# "In seconds": generous for 2 shared cores (a refusal takes 3-9 s there).
+# "In seconds": generous for 2 shared cores (a refusal takes 3-9 s there), stretched by the load per CPU above 1 (the
+# integration tests share the cores with the scenarios' lanes; a fixed 30 s failed at load 8-17 on a slow machine).
 REFUSAL_BUDGET_S = 30.0
+
+
+def refusal_budget() -> float:
+    """REFUSAL_BUDGET_S stretched by the 1-minute load average per CPU, where it is above 1."""
+    return REFUSAL_BUDGET_S * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 NOISE = ("argument_spec", "Finalization of task args", "<<< caused by >>>", "The filter plugin", "Traceback",
          "Error while resolving value")
 
@@ -81,7 +88,8 @@ def refusal(output: str) -> list[str]:
 def assert_one_message(rc: int, out: str, seconds: float, needles: list[str],
                        limit: int = REFUSAL_LINES) -> list[str]:
     assert rc != 0, out[-3000:]
-    assert seconds < REFUSAL_BUDGET_S
+    budget = refusal_budget()
+    assert seconds < budget, f"the refusal took {seconds:.1f} s (budget {budget:.0f} s at this load)"
     for noise in NOISE:
         assert noise not in out, f"{noise!r} in the output:\n{out[-4000:]}"
     lines = refusal(out)
@@ -143,7 +151,7 @@ def test_an_argument_spec_refusal_is_one_message_too(tmp_path: Path, case: str) 
     args, needles = SPEC_REFUSALS[case]
     rc, out, seconds = playbook.run("playbooks/plan.yml", "-e", f"vllm_node_plan_file={tmp_path / 'plan.json'}",
                                     *STORY, *args, timeout=300)
-    assert rc != 0 and seconds < REFUSAL_BUDGET_S, out[-3000:]
+    assert rc != 0 and seconds < refusal_budget(), out[-3000:]
     assert "argument_spec_data" not in out and "vllm_node_bundle_signing_key" not in out, out[-4000:]
     lines = refusal(out)
     text = re.sub(r"\s+", " ", "\n".join(lines))
