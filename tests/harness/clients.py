@@ -29,6 +29,37 @@ def duration_summary(durations: list[float]) -> dict[str, float]:
             "p99": round(percentile(d, 0.99) or 0.0, 3), "max": round(d[-1], 3)}
 
 
+class Gate:
+    """An open/closed switch that loops' senders wait on, with the log of its windows ([opened, closed] epochs,
+    closed 0 while open); thread-safe."""
+
+    def __init__(self, is_open: bool) -> None:
+        self.event = threading.Event()
+        self.lock = threading.Lock()
+        self.log: list[list[float]] = []
+        if is_open:
+            self.open()
+
+    def open(self) -> None:
+        with self.lock:
+            if not self.event.is_set():
+                self.log.append([round(time.time(), 3), 0.0])
+                self.event.set()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.event.is_set():
+                self.event.clear()
+                self.log[-1][1] = round(time.time(), 3)
+
+    def is_open(self) -> bool:
+        return self.event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait at most `timeout` s for the gate to be open; whether it is."""
+        return self.event.wait(timeout)
+
+
 @dataclass(frozen=True)
 class Client:
     """One client of the loop: the kind of request it sends (passed to the request function), how long it waits
@@ -101,8 +132,7 @@ class ClientLoop:
                         for i, c in enumerate(self.clients)]
         self.cpu_s = 0.0       # the client threads' own CPU time (time.thread_time), summed when each ends
         self.started = self.first = 0.0
-        self.gate = threading.Event()      # open: the gated clients send
-        self.gate_log: list[list[float]] = []   # [opened, closed] epochs (closed 0 while open)
+        self.gate = Gate(is_open=False)    # open: the gated clients send
 
     def claim(self) -> bool:
         """Whether one more request may be sent now (not stopped, no bound reached)."""
@@ -125,22 +155,16 @@ class ClientLoop:
 
     def open_gate(self) -> None:
         """Let the gated clients send (each after its delay)."""
-        with self.lock:
-            if not self.gate.is_set():
-                self.gate_log.append([round(time.time(), 3), 0.0])
-                self.gate.set()
+        self.gate.open()
 
     def close_gate(self) -> None:
         """Stop the gated clients after the request each has in flight."""
-        with self.lock:
-            if self.gate.is_set():
-                self.gate.clear()
-                self.gate_log[-1][1] = round(time.time(), 3)
+        self.gate.close()
 
     def turn(self, client: Client, first: bool) -> bool:
         """Wait until `client` may send its next request: its delay over after the loop started, and for a gated
         client the gate open (its delay over again after the gate opened). False once the loop stops."""
-        waited = client.gated and not self.gate.is_set()
+        waited = client.gated and not self.gate.is_open()
         if waited:
             while not self.gate.wait(0.2):    # on the gate itself: it starts the moment the gate opens
                 if self.halt.is_set():
@@ -190,7 +214,7 @@ class ClientLoop:
                 "last": round(max((r.end for r in ended), default=0.0), 3),
                 "duration_s": duration_summary([r.duration for r in ended]), "kinds": per_label(records),
                 "clients": [asdict(c) for c in self.clients], "client_cpu_s": round(self.cpu_s, 2),
-                "gate": [list(window) for window in self.gate_log]}
+                "gate": [list(window) for window in self.gate.log]}
 
     def stop(self, timeout: float = 180) -> dict[str, Any]:
         """Stop the loop (the requests in flight end first) and return counts()."""

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.clients import percentile
+from harness.clients import Gate, percentile
 
 # Words the prompts are made of; the test models' tokenizers split them into several tokens each.
 WORDS = ("alpha", "river", "stone", "cloud", "north", "green", "table", "light", "music", "paper", "quick", "silver",
@@ -183,9 +183,7 @@ class ConversationLoop:
         self.records: list[Turn] = []
         self.rounds: list[dict[str, Any]] = []
         self._stop = threading.Event()
-        self._gate = threading.Event()
-        self._gate.set()
-        self.gate_log: list[list[float]] = [[round(time.time(), 3), 0.0]]   # [opened, closed] epochs (0: open)
+        self.gate = Gate(is_open=True)
         self._thread: threading.Thread | None = None
 
     def _turn(self, conv: Conversation, round_no: int) -> Turn:
@@ -209,19 +207,15 @@ class ConversationLoop:
 
     def open_gate(self) -> None:
         """Let the next round start."""
-        if not self._gate.is_set():
-            self.gate_log.append([round(time.time(), 3), 0.0])
-            self._gate.set()
+        self.gate.open()
 
     def close_gate(self) -> None:
         """Hold the next round until open_gate() (the round in flight finishes)."""
-        if self._gate.is_set():
-            self._gate.clear()
-            self.gate_log[-1][1] = round(time.time(), 3)
+        self.gate.close()
 
     def _may_send(self, deadline: float) -> bool:
         """Wait for the gate; False once stopped or past the deadline."""
-        while not self._gate.wait(0.2):
+        while not self.gate.wait(0.2):
             if self._stop.is_set() or time.monotonic() > deadline:
                 return False
         return not self._stop.is_set() and time.monotonic() <= deadline
@@ -266,7 +260,7 @@ class ConversationLoop:
 
     def dump(self) -> dict[str, Any]:
         """Everything for the artifacts: the summary, each round's and each turn's record."""
-        return {"summary": summary(self.records), "rounds": self.rounds, "gate": [list(w) for w in self.gate_log],
+        return {"summary": summary(self.records), "rounds": self.rounds, "gate": [list(w) for w in self.gate.log],
                 "turns": [asdict(t) for t in self.records]}
 
 

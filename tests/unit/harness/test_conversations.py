@@ -158,8 +158,8 @@ def test_a_closed_gate_holds_the_next_round_and_opening_it_lets_the_rounds_go_on
     loop.open_gate()
     assert loop.wait_rounds(held + 2, timeout=10)
     out = loop.stop(timeout=10)
-    assert out["failed"] == 0 and len(loop.gate_log) == 2 and loop.gate_log[0][1] > 0 and loop.gate_log[1][1] == 0
-    assert loop.dump()["gate"] == loop.gate_log
+    assert out["failed"] == 0 and len(loop.gate.log) == 2 and loop.gate.log[0][1] > 0 and loop.gate.log[1][1] == 0
+    assert loop.dump()["gate"] == loop.gate.log
 
 
 def test_a_loop_stopped_while_its_gate_is_closed_ends():
