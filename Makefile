@@ -12,8 +12,8 @@ export ANSIBLE_FORCE_COLOR := 0
 MOLECULE_SCENARIOS ?= node_facts nvidia_driver nvidia_driver_refusals model_pipeline site_e2e day2 offline cluster
 # Scenarios on disk that `make test` does not run, each with its reason here (run one alone with
 # make molecule MOLECULE_SCENARIOS=<name>; their times: docs/measurements.md). fleet: as a fifth lane of a cold run
-# it kept both cores busy with the others (its two nodes ~5,300 CPU-s by its step 06, the others' lanes slowed ~3x),
-# so the run was on course for ~100 min (docs/measurements.md). It returns when it and the other lanes need less.
+# its two nodes took more CPU than the other lanes together and slowed them all, so the run went far past 60 min on
+# 2 cores (docs/measurements.md). It returns when it and the other lanes need less.
 MOLECULE_NOT_IN_TEST := fleet
 # 2 = the scenarios run in lanes, side by side (scripts/molecule-lanes.sh); 1 = one after another. A lane per
 # ';'-separated group of MOLECULE_LANES, the scenarios no group names in one more lane. The vLLM scenarios lead the
